@@ -1,0 +1,34 @@
+# Two commands on a fresh machine: `make demo` (set up, train the example on the local provider)
+# and `make test` (set up, run the tests). Both create .venv on first use.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# torch is installed first and pinned, so that pip takes a local CPU wheel where the machine has
+# one (seconds) instead of resolving a multi-GB CUDA build. TORCH_PIP_ARGS can name a CPU index.
+TORCH := torch==2.13.0
+TORCH_PIP_ARGS ?=
+
+.PHONY: setup demo test lint bench clean
+
+$(BIN)/launch: pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q "$(TORCH)" $(TORCH_PIP_ARGS)
+	$(BIN)/pip install -q -e ".[dev]"
+	touch $(BIN)/launch
+
+setup: $(BIN)/launch
+
+demo: setup
+	$(BIN)/launch examples/tinygpt/train.py
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+lint: setup
+	$(BIN)/ruff check launcher trainer_templates tests bench examples
+
+bench: setup
+	$(BIN)/python bench/bench_cli_startup.py
+
+clean:
+	rm -rf $(VENV) .launch

@@ -1,0 +1,400 @@
+"""The `launch` command line: parse, call one function, print. No logic of its own.
+
+Nothing heavy is imported at module level (no torch, no cloud SDK, not even rich): `launch --help`
+must answer at once. ``main(args, env)`` runs in-process, with an injectable environment, so tests
+drive the real CLI without a subprocess.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+import click
+
+from launcher import __version__
+from launcher.context import Environment
+from launcher.status import ExitStatus, LaunchError, UsageError
+
+# -- the command group: `launch SCRIPT` means `launch run SCRIPT` ------------------------------
+
+
+class DefaultGroup(click.Group):
+    """A group whose first argument, when it is not a command, goes to ``run``."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if args and args[0] not in self.commands and args[0] not in ("--help", "-h",
+                                                                      "--version"):
+            args = ["run", *args]
+        return super().parse_args(ctx, args)
+
+
+def _size(_ctx: Any, _param: Any, value: str | None) -> int | None:
+    from launcher.units import parse_bytes
+
+    if value is None:
+        return None
+    try:
+        return parse_bytes(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+def _count(_ctx: Any, _param: Any, value: str | None) -> int | None:
+    from launcher.units import parse_count
+
+    if value is None:
+        return None
+    try:
+        return parse_count(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+def common(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """--json and --debug on every command (not on the group: `launch SCRIPT --json` must work)."""
+    fn = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")(fn)
+    fn = click.option("--debug", is_flag=True, help="Show tracebacks.")(fn)
+    return fn
+
+
+PLAN_OPTIONS: list[Callable[..., Any]] = [
+    click.argument("script", type=click.Path(path_type=Path)),
+    click.option("--provider", envvar="LAUNCH_PROVIDER", default="local", show_default=True,
+                 help="Where to run: local, vertex or sagemaker."),
+    click.option("--strategy", help="Pin the strategy: single, ddp, fsdp, hybrid_shard, smp_v2."),
+    click.option("--machine", help="Pin the machine type (cloud providers)."),
+    click.option("--nodes", type=int, help="Pin the number of nodes."),
+    click.option("--gpus-per-node", type=int,
+                 help="Pin the processes per node (GPUs; CPU processes on the local CPU)."),
+    click.option("--micro-batch-size", type=int, help="Pin the per-process micro-batch."),
+    click.option("--global-batch-size", type=int, help="Samples per optimizer step."),
+    click.option("--precision", help="Pin the precision: fp32, bf16_mixed, bf16."),
+    click.option("--optimizer", help="Pin the optimizer: adamw, sgd, adafactor, adam8bit."),
+    click.option("--activation-checkpointing/--no-activation-checkpointing", default=None,
+                 help="Pin activation checkpointing of the wrap_modules() blocks."),
+    click.option("--seq-len", type=int, help="Sequence length (for the estimate)."),
+    click.option("--steps", type=int, help="Optimizer steps to train."),
+    click.option("--lr", type=float, help="Learning rate."),
+    click.option("--params", callback=_count,
+                 help="A plain script's parameter count, like 7B (no recipe to trace)."),
+    click.option("--region", envvar="LAUNCH_REGION", help="Cloud region."),
+    click.option("--bucket", envvar="LAUNCH_BUCKET", help="Bucket for code and checkpoints."),
+    click.option("--project", envvar="LAUNCH_PROJECT", help="Google Cloud project (Vertex)."),
+    click.option("--service-account", envvar="LAUNCH_SERVICE_ACCOUNT",
+                 help="Service account the job runs as (Vertex)."),
+    click.option("--role", envvar="LAUNCH_ROLE", help="Execution role ARN (SageMaker)."),
+    click.option("--spot/--no-spot", default=None, envvar="LAUNCH_SPOT",
+                 help="Use spot capacity."),
+    click.option("--max-attempts", type=int, envvar="LAUNCH_MAX_ATTEMPTS",
+                 help="Attempts before giving up on out-of-memory (default 3)."),
+    click.option("--budget", type=float, envvar="LAUNCH_BUDGET", help="Most USD to spend."),
+    click.option("--memory-limit", callback=_size,
+                 help="Local: cap each process's memory, like 2GiB (reproduces an OOM on CPU)."),
+]
+
+
+def plan_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    for option in reversed(PLAN_OPTIONS):
+        fn = option(fn)
+    return common(fn)
+
+
+@click.group(cls=DefaultGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="launch")
+def cli() -> None:
+    """Launch PyTorch training that fits in GPU memory.
+
+    \b
+      launch train.py                       preflight, plan, render, run, watch (local)
+      launch --provider vertex train.py     the same on a cloud
+      launch plan train.py --json           dry run: the estimate and the plan
+      launch status|logs|cancel|attach RUN  a run is the chain of attempts of one launch
+
+    Exit status: 0 ok, 1 job failed, 2 usage, 3 no plan fits, 4 over budget,
+    5 still out of memory, 6 provider or credentials error, 130 interrupted.
+    """
+
+
+def _env() -> Environment:
+    return click.get_current_context().find_root().obj
+
+
+# -- plan and run ------------------------------------------------------------------------------
+
+
+def _plan(env: Environment, options: dict[str, Any]) -> tuple[Any, Any, Any, Any]:
+    from launcher.plan.planner import plan_local
+    from launcher.providers import get_provider
+    from launcher.recipe import inspect_script
+    from launcher.spec import build_spec
+
+    script = options["script"]
+    options["script"] = script if script.is_absolute() else env.cwd / script
+    provider = get_provider(options.get("provider") or "local")
+    info = inspect_script(options["script"], python=env.python, env=env.environ)
+    spec = build_spec(options, info)
+    result = plan_local(spec, info)
+    return spec, info, result, provider
+
+
+@cli.command("plan")
+@plan_options
+def plan_command(as_json: bool, debug: bool, **options: Any) -> None:
+    """Dry run: estimate, choose a plan, show it. Starts nothing, spends nothing."""
+    env = _env()
+    _spec, _info, result, _provider = _plan(env, options)
+    if as_json:
+        _print_json(env, {**result.to_dict(), "request": None})
+    else:
+        from launcher.report import console, print_plan
+
+        print_plan(console(env.stdout), result)
+    if result.chosen is None:
+        raise SystemExit(ExitStatus.NO_PLAN_FITS)
+
+
+@cli.command("run")
+@plan_options
+@click.option("--cancel-on-interrupt", is_flag=True,
+              help="On Ctrl-C, cancel the job instead of detaching from it.")
+def run_command(as_json: bool, debug: bool, cancel_on_interrupt: bool, **options: Any) -> None:
+    """Plan, render, submit and follow a training run (the default command)."""
+    from launcher.report import console, print_plan
+    from launcher.runs import Run
+    from launcher.supervisor import Supervisor
+
+    env = _env()
+    spec, _info, result, provider = _plan(env, options)
+    out = console(env.stdout if not as_json else env.stderr)
+    if not as_json:
+        print_plan(out, result)
+    if result.chosen is None:
+        raise LaunchError("no plan fits in memory (see the rejected options above)",
+                          ExitStatus.NO_PLAN_FITS)
+    run = Run.create(env.state_dir, _run_stem(spec.script),
+                     {"script": str(spec.script), "provider": spec.provider,
+                      "spec": spec.to_dict(), "plan": result.to_dict()})
+    echo = (lambda line: None) if as_json else (lambda line: out.out(line, highlight=False))
+    note = (lambda text: None) if as_json else (lambda text: out.print(f"[bold]launch:[/] {text}"))
+    note(f"run {run.id} (state in {run.path})")
+    supervisor = Supervisor(provider, run, on_line=echo, on_note=note)
+    try:
+        outcome = supervisor.launch(spec, result.chosen)
+    except KeyboardInterrupt:
+        _interrupted(env, provider, run, cancel_on_interrupt)
+        raise
+    _finish(env, out, run, outcome.status, outcome.message, as_json)
+
+
+def _run_stem(script: Path) -> str:
+    return script.parent.name if script.stem in ("train", "main") else script.stem
+
+
+def _interrupted(env: Environment, provider: Any, run: Any, cancel: bool) -> None:
+    attempts = run.attempts()
+    if cancel and attempts and attempts[-1].job_id:
+        provider.stop(attempts[-1].job_id)
+        env.stderr.write(f"launch: cancelled run {run.id}\n")
+    else:
+        env.stderr.write(f"launch: detached from run {run.id}; the job goes on. "
+                         f"Follow it with `launch attach {run.id}`, "
+                         f"stop it with `launch cancel {run.id}`\n")
+
+
+def _finish(env: Environment, out: Any, run: Any, status: ExitStatus, message: str,
+            as_json: bool) -> None:
+    from dataclasses import asdict
+
+    from launcher.report import print_summary
+
+    attempts = run.attempts()
+    last = attempts[-1] if attempts else None
+    summary = last.summary if last else {}
+    if as_json:
+        _print_json(env, {"run_id": run.id, "status": status.name.lower(),
+                          "exit_status": int(status), "message": message,
+                          "summary": summary, "attempts": [asdict(a) for a in attempts]})
+    else:
+        print_summary(out, run.id, "succeeded" if status == ExitStatus.SUCCESS else
+                      f"{status.name.lower().replace('_', ' ')}", summary, len(attempts))
+        if message:
+            out.print(f"  {message}")
+    if status != ExitStatus.SUCCESS:
+        raise SystemExit(status)
+
+
+# -- following runs ----------------------------------------------------------------------------
+
+
+def _open_run(run_id: str | None) -> tuple[Any, Any]:
+    from launcher.providers import get_provider
+    from launcher.runs import Run
+
+    run = Run.open(_env().state_dir, run_id)
+    return run, get_provider(run.info["provider"])
+
+
+@cli.command("status")
+@click.argument("run_id", required=False)
+@common
+def status_command(run_id: str | None, as_json: bool, debug: bool) -> None:
+    """Show a run's attempts and their state (the newest run by default)."""
+    from dataclasses import asdict
+
+    env = _env()
+    run, provider = _open_run(run_id)
+    attempts = run.attempts()
+    rows = []
+    for attempt in attempts:
+        live = attempt.state
+        if attempt.job_id and attempt.state not in ("succeeded", "failed", "cancelled"):
+            live = provider.poll(attempt.job_id).state
+        rows.append({**asdict(attempt), "live_state": live})
+    if as_json:
+        _print_json(env, {"run_id": run.id, "script": run.info.get("script"),
+                          "provider": run.info.get("provider"), "attempts": rows})
+        return
+    env.stdout.write(f"run {run.id}  {run.info.get('provider')}  {run.info.get('script')}\n")
+    for row in rows:
+        summary = row.get("summary") or {}
+        env.stdout.write(
+            f"  attempt {row['number']}: {row['live_state']:<10} outcome={row['outcome']} "
+            f"step={summary.get('steps')} loss={summary.get('loss')}  {row['change']}\n")
+
+
+@cli.command("logs")
+@click.argument("run_id", required=False)
+@click.option("--attempt", "number", type=int, help="Which attempt (default: the last).")
+@click.option("--follow", "-f", is_flag=True, help="Keep printing until the job ends.")
+@common
+def logs_command(run_id: str | None, number: int | None, follow: bool, as_json: bool,
+                 debug: bool) -> None:
+    """Print a run's job output."""
+    import time
+
+    env = _env()
+    run, provider = _open_run(run_id)
+    attempts = run.attempts()
+    chosen = [a for a in attempts if number is None or a.number == number]
+    if not chosen or not chosen[-1].job_id:
+        raise UsageError(f"run {run.id} has no attempt {number}" if number else
+                         f"run {run.id} has no submitted attempt")
+    job_id = chosen[-1].job_id
+    cursor = None
+    while True:
+        lines, cursor = provider.logs(job_id, cursor)
+        for line in lines:
+            env.stdout.write(line + "\n")
+        if not follow or (not lines and provider.poll(job_id).terminal):
+            break
+        if not lines:
+            time.sleep(0.2)
+
+
+@cli.command("cancel")
+@click.argument("run_id", required=False)
+@common
+def cancel_command(run_id: str | None, as_json: bool, debug: bool) -> None:
+    """Stop a run's running job."""
+    import time
+
+    env = _env()
+    run, provider = _open_run(run_id)
+    live = [a for a in run.attempts() if a.job_id and not provider.poll(a.job_id).terminal]
+    for attempt in live:
+        provider.stop(attempt.job_id)
+        deadline = time.monotonic() + 30
+        while not provider.poll(attempt.job_id).terminal and time.monotonic() < deadline:
+            time.sleep(0.1)
+        status = provider.poll(attempt.job_id)
+        attempt.state, attempt.outcome = status.state, "cancelled"
+        attempt.exit_code = status.exit_code
+        run.save_attempt(attempt)
+    if as_json:
+        _print_json(env, {"run_id": run.id, "cancelled": [a.number for a in live]})
+    else:
+        env.stdout.write(f"run {run.id}: " + (f"cancelled attempt {live[-1].number}\n" if live
+                                               else "nothing running\n"))
+
+
+@cli.command("attach")
+@click.argument("run_id", required=False)
+@common
+def attach_command(run_id: str | None, as_json: bool, debug: bool) -> None:
+    """Follow a run again (after Ctrl-C or a crashed launcher) until its job ends."""
+    from launcher.report import console
+    from launcher.supervisor import Supervisor
+
+    env = _env()
+    run, provider = _open_run(run_id)
+    attempts = run.attempts()
+    if not attempts or not attempts[-1].job_id:
+        raise UsageError(f"run {run.id} has no submitted attempt")
+    out = console(env.stdout if not as_json else env.stderr)
+    echo = (lambda line: None) if as_json else (lambda line: out.out(line, highlight=False))
+    supervisor = Supervisor(provider, run, on_line=echo, on_note=lambda text: None)
+    attempt = attempts[-1]
+    supervisor.follow(attempt)
+    status = {"success": ExitStatus.SUCCESS, "oom": ExitStatus.OUT_OF_MEMORY}.get(
+        attempt.outcome or "", ExitStatus.JOB_FAILED)
+    _finish(env, out, run, status, "", as_json)
+
+
+# -- entry point -------------------------------------------------------------------------------
+
+
+def _print_json(env: Environment, data: Any) -> None:
+    env.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+
+
+def main(args: list[str] | None = None, env: Environment | None = None) -> int:
+    """Run the CLI; return the exit status instead of exiting (tests call this in-process)."""
+    env = env or Environment()
+    args = list(sys.argv[1:] if args is None else args)
+    debug = "--debug" in args or env.environ.get("LAUNCH_DEBUG") == "1"
+    as_json = "--json" in args
+    try:
+        from launcher.spec import load_config
+
+        config, _source = load_config(env.cwd)
+        defaults = {name: config for name in ("run", "plan")}
+        code = cli.main(args=args, prog_name="launch", standalone_mode=False, obj=env,
+                        default_map=defaults)
+        return int(code) if isinstance(code, int) else ExitStatus.SUCCESS
+    except SystemExit as exc:
+        return int(exc.code or 0) if not isinstance(exc.code, str) else ExitStatus.USAGE
+    except click.exceptions.Abort:
+        env.stderr.write("launch: interrupted\n")
+        return ExitStatus.INTERRUPTED
+    except KeyboardInterrupt:
+        return ExitStatus.INTERRUPTED
+    except click.ClickException as exc:
+        _error(env, exc.format_message(), "", ExitStatus.USAGE, as_json, debug)
+        return ExitStatus.USAGE
+    except click.exceptions.Exit as exc:
+        return exc.exit_code
+    except LaunchError as exc:
+        _error(env, exc.message, exc.hint, exc.status, as_json, debug)
+        return exc.status
+    except Exception as exc:  # a bug of ours: one line unless --debug
+        _error(env, f"internal error: {type(exc).__name__}: {exc}",
+               "rerun with --debug for the traceback", ExitStatus.JOB_FAILED, as_json, debug)
+        return ExitStatus.JOB_FAILED
+
+
+def _error(env: Environment, message: str, hint: str, status: ExitStatus, as_json: bool,
+           debug: bool) -> None:
+    if debug:
+        traceback.print_exc(file=env.stderr)
+    line = f"launch: error: {message}" + (f" ({hint})" if hint else "")
+    env.stderr.write(line + "\n")
+    if as_json:
+        _print_json(env, {"error": message, "hint": hint, "exit_status": int(status)})
+
+
+def entry() -> None:
+    sys.exit(main())

@@ -1,0 +1,78 @@
+"""What every provider does, and the data that flows through it.
+
+Like torchx's schedulers, ``submit(job)`` is ``schedule(dryrun(job))``: the dry run builds the
+exact request that is sent, so ``launch plan`` can show it and tests can compare it. A provider is
+the only code that talks to its cloud (or, for ``local``, to torchrun).
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Protocol
+
+from launcher.plan.plan import Plan
+from launcher.render import RenderedJob
+
+TERMINAL_STATES = ("succeeded", "failed", "cancelled")
+
+
+@dataclass(frozen=True)
+class Job:
+    """One attempt, rendered and ready to send: what the supervisor hands a provider."""
+
+    run_id: str
+    attempt: int
+    plan: Plan
+    rendered: RenderedJob
+    job_dir: Path          # where the rendered files were written
+    attempt_dir: Path      # the attempt's folder in the run (request, logs)
+    checkpoint_dir: Path   # shared by the run's attempts, so a resubmission resumes
+    code_dir: Path         # the user's script folder
+    memory_limit: int | None = None
+    settings: dict[str, Any] = field(default_factory=dict)  # region, bucket, role ...
+
+
+class Request(Protocol):
+    """A provider's payload; ``to_dict`` is what ``launch plan --json`` shows as ``request``."""
+
+    def to_dict(self) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    state: str                   # pending | running | succeeded | failed | cancelled
+    exit_code: int | None = None
+    message: str = ""
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL_STATES
+
+
+class Provider(abc.ABC):
+    name: ClassVar[str]
+
+    @abc.abstractmethod
+    def dryrun(self, job: Job) -> Request:
+        """The exact request ``schedule`` would send, built without side effects."""
+
+    @abc.abstractmethod
+    def schedule(self, request: Request) -> str:
+        """Send the request; return the provider's job id."""
+
+    def submit(self, job: Job) -> tuple[Request, str]:
+        request = self.dryrun(job)
+        return request, self.schedule(request)
+
+    @abc.abstractmethod
+    def poll(self, job_id: str) -> JobStatus: ...
+
+    @abc.abstractmethod
+    def logs(self, job_id: str, cursor: Any = None) -> tuple[list[str], Any]:
+        """New complete log lines since ``cursor``, and the cursor to pass next time."""
+
+    @abc.abstractmethod
+    def stop(self, job_id: str) -> None:
+        """Stop the job now; calling it on a finished job does nothing."""

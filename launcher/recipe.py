@@ -1,0 +1,224 @@
+"""Loading the user's script: what kind it is, its ``LAUNCH`` defaults and its model's size.
+
+The parent side (``inspect_script``) never imports torch or the user's code: it parses the file
+with ``ast`` (so a syntax error is reported with file and line at once) and then runs this same
+module as a child process (``python -m launcher.recipe``) under a time limit. The child imports the
+script, builds the model on the ``meta`` device (no memory used, so a 70B model costs nothing)
+and answers with one JSON object. A hook that raises becomes one line naming the hook, the error
+and the line of the user's code it came from.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from launcher.status import UsageError
+
+REQUIRED_HOOKS = ("build_model", "example_batch", "training_step")
+OPTIONAL_HOOKS = ("build_dataloader", "build_optimizer", "wrap_modules")
+DEFAULT_TIMEOUT_S = 120.0
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """What the local machine offers, as torch sees it (asked in the child, not the CLI)."""
+
+    cuda_devices: int = 0
+    cuda_name: str | None = None
+    cuda_memory_bytes: int | None = None
+    host_memory_bytes: int | None = None
+    cpus: int = 1
+
+
+@dataclass(frozen=True)
+class ScriptInfo:
+    path: Path
+    mode: Literal["recipe", "script"]
+    hooks: tuple[str, ...] = ()
+    launch: dict[str, Any] = field(default_factory=dict)
+    parameters: int | None = None
+    trainable_parameters: int | None = None
+    parameter_bytes: int | None = None
+    buffer_bytes: int | None = None
+    wrap_modules: tuple[str, ...] = ()
+    hardware: Hardware = field(default_factory=Hardware)
+
+
+def classify(path: Path) -> tuple[Literal["recipe", "script"], tuple[str, ...]]:
+    """Read the script's top-level functions without running it; reject half a recipe."""
+    if not path.exists():
+        raise UsageError(f"script not found: {path}", "check the path")
+    if not path.is_file() or path.suffix != ".py":
+        raise UsageError(f"not a Python file: {path}", "give the path of a .py training script")
+    try:
+        source = path.read_text(encoding="utf-8")
+        tree = ast.parse(source, filename=str(path))
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"{path}: not UTF-8 text ({exc.reason})") from None
+    except SyntaxError as exc:
+        raise UsageError(f"{path}:{exc.lineno}: syntax error: {exc.msg}",
+                         "fix the script and rerun") from None
+    names = {
+        node.name
+        for node in tree.body
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+    }
+    hooks = tuple(h for h in REQUIRED_HOOKS + OPTIONAL_HOOKS if h in names)
+    present = [h for h in REQUIRED_HOOKS if h in names]
+    if not present:
+        return "script", hooks
+    missing = [h for h in REQUIRED_HOOKS if h not in names]
+    if missing:
+        raise UsageError(
+            f"{path.name} defines {', '.join(present)} but not {', '.join(missing)}",
+            "a recipe needs all of build_model, example_batch and training_step; "
+            "define none of them to run it as a plain script",
+        )
+    return "recipe", hooks
+
+
+def inspect_script(
+    path: Path, *, python: str = sys.executable, timeout_s: float | None = None,
+    env: dict[str, str] | None = None,
+) -> ScriptInfo:
+    """Classify ``path`` and, for a recipe, load it in a child process for LAUNCH and its size."""
+    mode, hooks = classify(path)
+    answer = _run_child(["--script", str(path.resolve())] if mode == "recipe" else [],
+                        python=python, timeout_s=timeout_s, env=env, path=path)
+    hardware = Hardware(**answer.get("hardware", {}))
+    if mode == "script":
+        return ScriptInfo(path=path, mode=mode, hooks=hooks, hardware=hardware)
+    return ScriptInfo(
+        path=path, mode=mode, hooks=hooks, launch=answer.get("launch") or {},
+        parameters=answer.get("parameters"),
+        trainable_parameters=answer.get("trainable_parameters"),
+        parameter_bytes=answer.get("parameter_bytes"), buffer_bytes=answer.get("buffer_bytes"),
+        wrap_modules=tuple(answer.get("wrap_modules") or ()), hardware=hardware,
+    )
+
+
+def _run_child(args: list[str], *, python: str, timeout_s: float | None,
+               env: dict[str, str] | None, path: Path) -> dict[str, Any]:
+    timeout = timeout_s or float((env or os.environ).get("LAUNCH_PROBE_TIMEOUT", DEFAULT_TIMEOUT_S))
+    child_env = dict(env if env is not None else os.environ)
+    child_env.setdefault("OMP_NUM_THREADS", "1")
+    # The child must import this very launcher, wherever the CLI was imported from.
+    package_root = str(Path(__file__).resolve().parent.parent)
+    child_env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (package_root, child_env.get("PYTHONPATH", "")) if p)
+    try:
+        proc = subprocess.run(
+            [python, "-m", "launcher.recipe", *args], capture_output=True, text=True,
+            timeout=timeout, env=child_env, cwd=str(path.resolve().parent), check=False,
+        )
+    except subprocess.TimeoutExpired:
+        raise UsageError(
+            f"loading {path.name} took longer than {timeout:.0f} s",
+            "make build_model() cheap (no downloads or data loading at import), "
+            "or raise LAUNCH_PROBE_TIMEOUT",
+        ) from None
+    last = proc.stdout.strip().splitlines()[-1:] or [""]
+    try:
+        answer = json.loads(last[0])
+    except json.JSONDecodeError:
+        detail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise UsageError(f"could not load {path.name}: {detail}") from None
+    if "error" in answer:
+        err = answer["error"]
+        where = f" ({Path(err['file']).name}:{err['line']})" if err.get("file") else ""
+        raise UsageError(f"{err['what']} raised {err['type']}: {err['message']}{where}",
+                         "fix the script and rerun")
+    return answer
+
+
+# --- child side: runs with torch imported, in its own process ------------------------------
+
+
+def _user_frame(exc: BaseException, script: Path) -> tuple[str | None, int | None]:
+    """The innermost traceback frame inside the user's script (or its folder)."""
+    import traceback
+
+    best: tuple[str | None, int | None] = (None, None)
+    for frame in traceback.extract_tb(exc.__traceback__):
+        if Path(frame.filename).resolve().parent == script.parent:
+            best = (frame.filename, frame.lineno)
+    return best
+
+
+def _hardware() -> dict[str, Any]:
+    import torch
+
+    info: dict[str, Any] = {"cpus": os.cpu_count() or 1}
+    try:
+        info["host_memory_bytes"] = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        pass
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        info.update(cuda_devices=torch.cuda.device_count(), cuda_name=props.name,
+                    cuda_memory_bytes=props.total_memory)
+    return info
+
+
+def _probe(script: Path) -> dict[str, Any]:
+    import importlib.util
+
+    import torch
+
+    sys.path.insert(0, str(script.parent))
+    answer: dict[str, Any] = {}
+    what = f"importing {script.name}"
+    try:
+        spec = importlib.util.spec_from_file_location("launch_recipe", script)
+        assert spec and spec.loader
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        launch = getattr(module, "LAUNCH", {})
+        if not isinstance(launch, dict):
+            raise TypeError(f"LAUNCH must be a dict, not {type(launch).__name__}")
+        answer["launch"] = json.loads(json.dumps(launch))
+        what = "wrap_modules()"
+        if hasattr(module, "wrap_modules"):
+            answer["wrap_modules"] = [t.__name__ for t in module.wrap_modules()]
+        what = "build_model()"
+        # On the meta device parameters have shapes and dtypes but no storage.
+        with torch.device("meta"):
+            model = module.build_model()
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"build_model() must return a torch.nn.Module, not "
+                            f"{type(model).__name__}")
+    except Exception as exc:  # the user's code: report it, never a traceback dump
+        file, line = _user_frame(exc, script)
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        return {"error": {"what": what, "type": type(exc).__name__, "message": message[:300],
+                          "file": file, "line": line}}
+    params = list({id(p): p for p in model.parameters()}.values())
+    answer["parameters"] = sum(p.numel() for p in params)
+    answer["trainable_parameters"] = sum(p.numel() for p in params if p.requires_grad)
+    answer["parameter_bytes"] = sum(p.numel() * p.element_size() for p in params)
+    answer["buffer_bytes"] = sum(b.numel() * b.element_size() for b in model.buffers())
+    return answer
+
+
+def main(argv: list[str]) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m launcher.recipe")
+    parser.add_argument("--script", type=Path)
+    args = parser.parse_args(argv)
+    answer = _probe(args.script) if args.script else {}
+    if "error" not in answer:
+        answer["hardware"] = _hardware()
+    sys.stdout.write("\n" + json.dumps(answer) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

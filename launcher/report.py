@@ -1,0 +1,82 @@
+"""Human-readable output: the plan table, the memory bar, the run summary (rich, to a stream)."""
+
+from __future__ import annotations
+
+from typing import Any, TextIO
+
+from launcher.plan.plan import Plan
+from launcher.plan.planner import PlanResult
+from launcher.units import format_bytes, format_count
+
+MEMORY_PARTS = ("parameters", "gradients", "optimizer", "activations", "temporary",
+                "framework_overhead")
+_COLORS = ("blue", "magenta", "yellow", "green", "cyan", "white")
+
+
+def console(stream: TextIO, *, color: bool | None = None) -> Any:
+    from rich.console import Console
+
+    return Console(file=stream, highlight=False, soft_wrap=True,
+                   force_terminal=color, no_color=color is False, width=100)
+
+
+def memory_bar(plan: Plan, width: int = 50) -> str:
+    """One stacked bar per GPU (rich markup): each known part against the capacity."""
+    mem = plan.memory
+    cap = mem.capacity
+    known = {p: getattr(mem, p) for p in MEMORY_PARTS if getattr(mem, p) is not None}
+    scale = max(cap or 0, sum(known.values())) or 1
+    bar = "".join(f"[{color}]{'█' * round(width * value / scale)}[/]"
+                  for (part, value), color in zip(known.items(), _COLORS))
+    used = sum(known.values())
+    cells = sum(round(width * v / scale) for v in known.values())
+    bar += "░" * max(0, width - cells)
+    legend = "  ".join(f"[{c}]■[/] {p} {format_bytes(v)}" for (p, v), c in
+                       zip(known.items(), _COLORS))
+    unknown = [p for p in MEMORY_PARTS if getattr(mem, p) is None]
+    tail = f"  (not estimated: {', '.join(unknown)})" if unknown else ""
+    return (f"{bar} {format_bytes(used)} of {format_bytes(cap)}\n{legend}{tail}")
+
+
+def print_plan(out: Any, result: PlanResult) -> None:
+    from rich.table import Table
+
+    out.print(f"model: {format_count(result.parameters)} parameters ({result.source})")
+    table = Table(show_edge=False, pad_edge=False)
+    for name in ("", "strategy", "machine", "procs", "micro x accum", "precision", "optimizer",
+                 "ckpt", "model states", "fits", "$/h"):
+        table.add_column(name)
+    for plan in result.plans:
+        mark = "→" if plan is result.chosen else ""
+        states = plan.memory.model_states
+        table.add_row(
+            mark, plan.strategy, plan.machine, f"{plan.nodes}x{plan.gpus_per_node}",
+            f"{plan.micro_batch_size} x {plan.grad_accum_steps}", plan.precision, plan.optimizer,
+            "yes" if plan.activation_checkpointing else "no", format_bytes(states),
+            {True: "yes", False: "NO", None: "?"}[plan.fits],
+            "-" if plan.cost_per_hour_usd is None else f"{plan.cost_per_hour_usd:.2f}",
+        )
+    out.print(table)
+    if result.chosen is not None:
+        out.print(f"chosen: {result.chosen.strategy} on {result.chosen.machine} "
+                  f"(global batch {result.chosen.global_batch_size})")
+        out.print(memory_bar(result.chosen))
+    for rejection in result.rejected:
+        out.print(f"[red]rejected[/] {rejection.option}: {rejection.reason}")
+    for note in result.notes:
+        out.print(f"[dim]note: {note}[/]")
+
+
+def print_summary(out: Any, run_id: str, status_name: str, summary: dict[str, Any],
+                  attempts: int) -> None:
+    peak = summary.get("peak_allocated_bytes")
+    peak_text = (f"{format_bytes(peak)} allocated, "
+                 f"{format_bytes(summary.get('peak_reserved_bytes'))} reserved"
+                 if peak is not None else f"{format_bytes(summary.get('peak_rss_bytes'))} RSS")
+    loss = summary.get("loss")
+    out.print(f"\nrun {run_id}: {status_name}")
+    out.print(f"  steps       {summary.get('steps')}")
+    out.print(f"  loss        {loss:.4f}" if isinstance(loss, float) else f"  loss        {loss}")
+    out.print(f"  peak memory {peak_text} (max over ranks)")
+    out.print(f"  checkpoint  {summary.get('checkpoint')}")
+    out.print(f"  attempts    {attempts}")

@@ -1,0 +1,51 @@
+"""Exit statuses of `launch`: the one place they are defined (CI pipelines branch on them)."""
+
+from __future__ import annotations
+
+import enum
+
+
+class ExitStatus(enum.IntEnum):
+    """What `launch` exits with. Documented in the README; other tools rely on these numbers."""
+
+    SUCCESS = 0
+    #: The job failed for a reason other than memory (or the launcher hit an internal error).
+    JOB_FAILED = 1
+    #: Bad command line, bad script, bad config: fix the input and rerun.
+    USAGE = 2
+    #: No candidate plan fits in memory on the machines allowed.
+    NO_PLAN_FITS = 3
+    #: Every plan that fits costs more than --budget.
+    OVER_BUDGET = 4
+    #: Still out of memory after the last allowed attempt.
+    OUT_OF_MEMORY = 5
+    #: The cloud provider refused or could not be reached, or credentials are missing.
+    PROVIDER_ERROR = 6
+    #: Ctrl-C (128 + SIGINT).
+    INTERRUPTED = 130
+
+
+class LaunchError(Exception):
+    """An error the user can act on: printed as one line, exits with ``status``, no traceback.
+
+    ``hint`` is the "what to do" part, kept apart so JSON output can carry it as its own field.
+    """
+
+    def __init__(self, message: str, status: ExitStatus = ExitStatus.USAGE, hint: str = ""):
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return f"{self.message} ({self.hint})" if self.hint else self.message
+
+
+class UsageError(LaunchError):
+    def __init__(self, message: str, hint: str = ""):
+        super().__init__(message, ExitStatus.USAGE, hint)
+
+
+class ProviderError(LaunchError):
+    def __init__(self, message: str, hint: str = ""):
+        super().__init__(message, ExitStatus.PROVIDER_ERROR, hint)

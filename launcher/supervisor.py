@@ -1,0 +1,190 @@
+"""The submit / watch / replan loop, one for every provider.
+
+For each attempt: render the plan into the run folder, submit it, follow the job's log lines as
+they arrive and read the templates' structured events from them. On an out-of-memory event the job
+is stopped at once (other ranks would otherwise hang on a collective until a timeout). Whether a
+fixed plan can be derived from the failure is the replanner's business (``replan``); when it has
+none, or the attempts are used up, the run ends with exit status 5.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from launcher.events import parse_event
+from launcher.plan.plan import Plan
+from launcher.providers.base import Job, Provider
+from launcher.render import RenderedJob, TrainSettings, render
+from launcher.runs import Attempt, Run
+from launcher.spec import Spec
+from launcher.status import ExitStatus
+
+#: Replanner: (failed plan, the oom event) -> (new plan, what changed and why), or None.
+Replanner = Callable[[Plan, dict[str, Any]], "tuple[Plan, str] | None"]
+
+
+@dataclass
+class Progress:
+    """What the structured lines said so far, across ranks."""
+
+    step: int = 0
+    loss: float | None = None
+    peak_allocated: int | None = None
+    peak_reserved: int | None = None
+    peak_rss: int | None = None
+    checkpoint: str | None = None
+    resumed_from: int | None = None
+    oom: dict[str, Any] | None = None
+    done_ranks: set[int] = field(default_factory=set)
+
+    def update(self, event: dict[str, Any]) -> None:
+        kind = event.get("launch")
+        rank = event.get("rank", 0)
+        if kind == "metrics":
+            if rank == 0:
+                self.step = max(self.step, int(event.get("step", 0)))
+                self.loss = event.get("loss", self.loss)
+            self.peak_allocated = _max(self.peak_allocated, event.get("peak_allocated_bytes"))
+            self.peak_reserved = _max(self.peak_reserved, event.get("peak_reserved_bytes"))
+            self.peak_rss = _max(self.peak_rss, event.get("rss_bytes"))
+        elif kind == "checkpoint":
+            self.checkpoint = event.get("path", self.checkpoint)
+        elif kind == "resume" and rank == 0:
+            self.resumed_from = event.get("step")
+        elif kind == "oom" and self.oom is None:
+            self.oom = event
+        elif kind == "done":
+            self.done_ranks.add(rank)
+            if rank == 0:
+                self.step = max(self.step, int(event.get("step", 0)))
+                self.loss = event.get("loss", self.loss)
+                self.checkpoint = event.get("checkpoint") or self.checkpoint
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "steps": self.step, "loss": self.loss, "peak_allocated_bytes": self.peak_allocated,
+            "peak_reserved_bytes": self.peak_reserved, "peak_rss_bytes": self.peak_rss,
+            "checkpoint": self.checkpoint, "resumed_from_step": self.resumed_from,
+        }
+
+
+def _max(a: int | None, b: Any) -> int | None:
+    if b is None:
+        return a
+    return int(b) if a is None else max(a, int(b))
+
+
+@dataclass
+class RunOutcome:
+    run: Run
+    status: ExitStatus
+    attempts: list[Attempt]
+    message: str = ""
+
+    @property
+    def last(self) -> Attempt:
+        return self.attempts[-1]
+
+
+class Supervisor:
+    def __init__(self, provider: Provider, run: Run, *, on_line: Callable[[str], None],
+                 on_note: Callable[[str], None], replan: Replanner | None = None,
+                 poll_interval_s: float = 0.2):
+        self.provider = provider
+        self.run = run
+        self.on_line = on_line
+        self.on_note = on_note
+        self.replan = replan
+        self.poll_interval_s = poll_interval_s
+
+    def prepare(self, spec: Spec, plan: Plan, number: int) -> Job:
+        """Render the plan into ``attempt-<n>/job`` and describe the job for the provider."""
+        settings = TrainSettings(
+            recipe_file=str(spec.script.resolve()), mode=spec.mode,  # type: ignore[arg-type]
+            run_id=self.run.id, attempt=number, checkpoint_dir=str(self.run.checkpoint_dir),
+            log_every=spec.log_every, checkpoint_every=spec.checkpoint_every, seed=spec.seed,
+            max_grad_norm=spec.max_grad_norm, weight_decay=spec.weight_decay,
+        )
+        rendered: RenderedJob = render(plan, settings)
+        attempt_dir = self.run.attempt_dir(number)
+        job_dir = attempt_dir / "job"
+        rendered.write(job_dir)
+        if spec.mode == "script":
+            rendered = RenderedJob(files=rendered.files, entrypoint=spec.script.name,
+                                   env=rendered.env)
+        return Job(
+            run_id=self.run.id, attempt=number, plan=plan, rendered=rendered, job_dir=job_dir,
+            attempt_dir=attempt_dir, checkpoint_dir=self.run.checkpoint_dir,
+            code_dir=spec.script.resolve().parent, memory_limit=spec.memory_limit,
+        )
+
+    def launch(self, spec: Spec, plan: Plan) -> RunOutcome:
+        attempts: list[Attempt] = []
+        change = "first attempt"
+        for number in range(1, spec.max_attempts + 1):
+            job = self.prepare(spec, plan, number)
+            _request, job_id = self.provider.submit(job)
+            attempt = Attempt(number=number, plan=plan.to_dict(), change=change, job_id=job_id,
+                              state="running", cost_usd=0.0 if spec.provider == "local" else None)
+            self.run.save_attempt(attempt)
+            attempts.append(attempt)
+            self.on_note(f"attempt {number}: {plan.strategy} on {plan.machine}, micro-batch "
+                         f"{plan.micro_batch_size} x {plan.grad_accum_steps} accumulation x "
+                         f"{plan.world_size} process(es); job {job_id}")
+            progress = self.follow(attempt)
+            if attempt.outcome == "success":
+                return RunOutcome(self.run, ExitStatus.SUCCESS, attempts)
+            if attempt.outcome != "oom":
+                return RunOutcome(self.run, ExitStatus.JOB_FAILED, attempts,
+                                  f"attempt {number} failed: {attempt.summary.get('message')}")
+            fixed = self.replan(plan, progress.oom or {}) if self.replan else None
+            if fixed is None:
+                return RunOutcome(self.run, ExitStatus.OUT_OF_MEMORY, attempts,
+                                  "out of memory, and no smaller plan is known")
+            plan, change = fixed
+            self.on_note(f"replanned: {change}")
+        return RunOutcome(self.run, ExitStatus.OUT_OF_MEMORY, attempts,
+                          f"still out of memory after {spec.max_attempts} attempts")
+
+    def follow(self, attempt: Attempt, *, replay: bool = True) -> Progress:
+        """Stream the job's lines until it ends; stop it on the first out-of-memory event."""
+        assert attempt.job_id is not None
+        progress = Progress()
+        cursor: Any = None
+        stopped_at: float | None = None
+        while True:
+            status = self.provider.poll(attempt.job_id)
+            lines, cursor = self.provider.logs(attempt.job_id, cursor)
+            for line in lines:
+                self.on_line(line)
+                event = parse_event(line)
+                if event is None:
+                    continue
+                progress.update(event)
+                if event.get("launch") == "oom" and stopped_at is None:
+                    stopped_at = time.monotonic()
+                    self.on_note(f"out of memory on rank {event.get('rank')} in "
+                                 f"{event.get('phase')} at step {event.get('step')}: "
+                                 "stopping the job")
+                    self.provider.stop(attempt.job_id)
+            if status.terminal and not lines:
+                break
+            if not lines:
+                time.sleep(self.poll_interval_s)
+        attempt.state = status.state
+        attempt.exit_code = status.exit_code
+        attempt.ended_at = time.time()
+        if progress.oom is not None:
+            attempt.outcome = "oom"
+            attempt.diagnosis = progress.oom
+        elif status.state == "succeeded":
+            attempt.outcome = "success"
+        elif status.state == "cancelled":
+            attempt.outcome = "cancelled"
+        else:
+            attempt.outcome = "failed"
+        attempt.summary = {**progress.summary(), "message": status.message}
+        self.run.save_attempt(attempt)
+        return progress

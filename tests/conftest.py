@@ -1,0 +1,98 @@
+"""Shared fixtures: an in-process CLI with an isolated environment, and tiny scripts."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import sys
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from launcher.cli import main
+from launcher.context import Environment
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLES = REPO / "examples"
+
+
+@dataclass
+class Result:
+    status: int
+    stdout: str
+    stderr: str
+
+    def json(self):
+        return json.loads(self.stdout)
+
+
+@pytest.fixture
+def cli(tmp_path: Path):
+    """Run `launch ARGS` in-process with its state under tmp_path; returns a Result."""
+
+    def run(*args: str, cwd: Path | None = None, environ: dict[str, str] | None = None) -> Result:
+        out, err = io.StringIO(), io.StringIO()
+        env = Environment(
+            stdout=out, stderr=err, cwd=cwd or tmp_path,
+            environ={**os.environ, "LAUNCH_STATE_DIR": str(tmp_path / "state"),
+                     **(environ or {})},
+            python=sys.executable,
+        )
+        status = main(list(args), env)
+        return Result(int(status), out.getvalue(), err.getvalue())
+
+    return run
+
+
+TINY_RECIPE = '''
+import torch
+
+LAUNCH = {"global_batch_size": 4, "steps": 4, "lr": 0.01}
+
+
+class Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(16, 16)
+
+    def forward(self, x):
+        return torch.relu(self.lin(x)) + x
+
+
+def build_model():
+    return torch.nn.Sequential(Block(), Block(), torch.nn.Linear(16, 1))
+
+
+def example_batch(batch_size):
+    x = torch.randn(batch_size, 16)
+    return {"x": x, "y": x.sum(dim=1, keepdim=True)}
+
+
+def training_step(model, batch):
+    return torch.nn.functional.mse_loss(model(batch["x"]), batch["y"])
+
+
+def wrap_modules():
+    return (Block,)
+'''
+
+
+@pytest.fixture
+def write_script(tmp_path: Path):
+    """Write a script into tmp_path/code/NAME and return its path."""
+
+    def write(text: str, name: str = "train.py") -> Path:
+        path = tmp_path / "code" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text))
+        return path
+
+    return write
+
+
+@pytest.fixture
+def tiny_recipe(write_script) -> Path:
+    return write_script(TINY_RECIPE)
