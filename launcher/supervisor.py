@@ -111,9 +111,6 @@ class Supervisor:
         attempt_dir = self.run.attempt_dir(number)
         job_dir = attempt_dir / "job"
         rendered.write(job_dir)
-        if spec.mode == "script":
-            rendered = RenderedJob(files=rendered.files, entrypoint=spec.script.name,
-                                   env=rendered.env)
         return Job(
             run_id=self.run.id, attempt=number, plan=plan, rendered=rendered, job_dir=job_dir,
             attempt_dir=attempt_dir, checkpoint_dir=self.run.checkpoint_dir,

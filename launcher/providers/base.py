@@ -10,10 +10,12 @@ from __future__ import annotations
 import abc
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from launcher.plan.plan import Plan
-from launcher.render import RenderedJob
+
+if TYPE_CHECKING:
+    from launcher.render import RenderedJob
 
 TERMINAL_STATES = ("succeeded", "failed", "cancelled")
 

@@ -65,6 +65,7 @@ class LocalProvider(Provider):
         env = {
             **job.rendered.env,
             "LAUNCH_CHECKPOINT_DIR": str(job.checkpoint_dir),
+            "LAUNCH_PLAN": str(job.job_dir / "plan.json"),
             "LAUNCH_RUN_ID": job.run_id,
             "LAUNCH_ATTEMPT": str(job.attempt),
             "OMP_NUM_THREADS": OMP_THREADS,
