@@ -1,3 +1,3 @@
-"""launcher: estimate, plan, render and launch PyTorch training jobs that do not run out of memory."""
+"""launcher: estimate, plan, render and launch PyTorch training that does not run out of memory."""
 
 __version__ = "0.1.0"

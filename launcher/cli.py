@@ -10,8 +10,9 @@ from __future__ import annotations
 import json
 import sys
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import click
 
@@ -178,7 +179,7 @@ def run_command(as_json: bool, debug: bool, cancel_on_interrupt: bool, **options
     run = Run.create(env.state_dir, _run_stem(spec.script),
                      {"script": str(spec.script), "provider": spec.provider,
                       "spec": spec.to_dict(), "plan": result.to_dict()})
-    echo = (lambda line: None) if as_json else (lambda line: out.out(line, highlight=False))
+    echo = _echo(out, as_json)
     note = (lambda text: None) if as_json else (lambda text: out.print(f"[bold]launch:[/] {text}"))
     note(f"run {run.id} (state in {run.path})")
     supervisor = Supervisor(provider, run, on_line=echo, on_note=note)
@@ -188,6 +189,15 @@ def run_command(as_json: bool, debug: bool, cancel_on_interrupt: bool, **options
         _interrupted(env, provider, run, cancel_on_interrupt)
         raise
     _finish(env, out, run, outcome.status, outcome.message, as_json)
+
+
+def _echo(out: Any, as_json: bool) -> Callable[[str], None]:
+    """Job output for a person (events as sentences); nothing in JSON mode."""
+    from launcher.report import format_log_line
+
+    if as_json:
+        return lambda line: None
+    return lambda line: out.out(format_log_line(line), highlight=False)
 
 
 def _run_stem(script: Path) -> str:
@@ -335,8 +345,7 @@ def attach_command(run_id: str | None, as_json: bool, debug: bool) -> None:
     if not attempts or not attempts[-1].job_id:
         raise UsageError(f"run {run.id} has no submitted attempt")
     out = console(env.stdout if not as_json else env.stderr)
-    echo = (lambda line: None) if as_json else (lambda line: out.out(line, highlight=False))
-    supervisor = Supervisor(provider, run, on_line=echo, on_note=lambda text: None)
+    supervisor = Supervisor(provider, run, on_line=_echo(out, as_json), on_note=lambda text: None)
     attempt = attempts[-1]
     supervisor.follow(attempt)
     status = {"success": ExitStatus.SUCCESS, "oom": ExitStatus.OUT_OF_MEMORY}.get(
@@ -398,3 +407,7 @@ def _error(env: Environment, message: str, hint: str, status: ExitStatus, as_jso
 
 def entry() -> None:
     sys.exit(main())
+
+
+if __name__ == "__main__":
+    entry()

@@ -179,6 +179,8 @@ def _probe(script: Path) -> dict[str, Any]:
         spec = importlib.util.spec_from_file_location("launch_recipe", script)
         assert spec and spec.loader
         module = importlib.util.module_from_spec(spec)
+        # Registered before it runs: dataclasses and pickling look the module up by name.
+        sys.modules[spec.name] = module
         spec.loader.exec_module(module)
         launch = getattr(module, "LAUNCH", {})
         if not isinstance(launch, dict):

@@ -27,12 +27,12 @@ def memory_bar(plan: Plan, width: int = 50) -> str:
     known = {p: getattr(mem, p) for p in MEMORY_PARTS if getattr(mem, p) is not None}
     scale = max(cap or 0, sum(known.values())) or 1
     bar = "".join(f"[{color}]{'█' * round(width * value / scale)}[/]"
-                  for (part, value), color in zip(known.items(), _COLORS))
+                  for (part, value), color in zip(known.items(), _COLORS, strict=False))
     used = sum(known.values())
     cells = sum(round(width * v / scale) for v in known.values())
     bar += "░" * max(0, width - cells)
     legend = "  ".join(f"[{c}]■[/] {p} {format_bytes(v)}" for (p, v), c in
-                       zip(known.items(), _COLORS))
+                       zip(known.items(), _COLORS, strict=False))
     unknown = [p for p in MEMORY_PARTS if getattr(mem, p) is None]
     tail = f"  (not estimated: {', '.join(unknown)})" if unknown else ""
     return (f"{bar} {format_bytes(used)} of {format_bytes(cap)}\n{legend}{tail}")
@@ -80,3 +80,35 @@ def print_summary(out: Any, run_id: str, status_name: str, summary: dict[str, An
     out.print(f"  peak memory {peak_text} (max over ranks)")
     out.print(f"  checkpoint  {summary.get('checkpoint')}")
     out.print(f"  attempts    {attempts}")
+
+
+def format_log_line(line: str) -> str:
+    """A job's output line for a person: the templates' JSON events become short sentences."""
+    from launcher.events import parse_event
+    from launcher.units import format_bytes
+
+    event = parse_event(line)
+    if event is None:
+        return line
+    prefix = f"[rank{event.get('rank', '?')}] "
+    kind = event.get("launch")
+    if kind == "metrics":
+        peak = event.get("peak_allocated_bytes")
+        memory = (f"peak {format_bytes(peak)} alloc / "
+                  f"{format_bytes(event.get('peak_reserved_bytes'))} reserved"
+                  if peak is not None else f"rss {format_bytes(event.get('rss_bytes'))}")
+        loss = event.get("loss")
+        loss_text = f"{loss:.4f}" if isinstance(loss, (int, float)) else str(loss)
+        rate = event.get("samples_per_s") or 0.0
+        return (f"{prefix}step {event.get('step')}  loss {loss_text}  "
+                f"{rate:.0f} samples/s  {memory}")
+    if kind == "checkpoint":
+        return f"{prefix}checkpoint at step {event.get('step')}: {event.get('path')}"
+    if kind == "resume":
+        return f"{prefix}resumed from step {event.get('step')}: {event.get('path')}"
+    if kind == "done":
+        return f"{prefix}done at step {event.get('step')}"
+    if kind == "oom":
+        return (f"{prefix}OUT OF MEMORY in {event.get('phase')} at step {event.get('step')} "
+                f"micro-step {event.get('micro_step')}: {event.get('message')}")
+    return line

@@ -10,8 +10,9 @@ none, or the attempts are used up, the run ends with exit status 5.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from launcher.events import parse_event
 from launcher.plan.plan import Plan
@@ -133,6 +134,9 @@ class Supervisor:
             progress = self.follow(attempt)
             if attempt.outcome == "success":
                 return RunOutcome(self.run, ExitStatus.SUCCESS, attempts)
+            if attempt.outcome == "cancelled":
+                return RunOutcome(self.run, ExitStatus.INTERRUPTED, attempts,
+                                  f"attempt {number} was cancelled")
             if attempt.outcome != "oom":
                 return RunOutcome(self.run, ExitStatus.JOB_FAILED, attempts,
                                   f"attempt {number} failed: {attempt.summary.get('message')}")

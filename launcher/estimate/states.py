@@ -15,7 +15,7 @@ WEIGHT_GRAD_BYTES = {"fp32": (4, 4), "bf16_mixed": (4, 4), "bf16": (2, 2)}
 
 
 def optimizer_bytes_per_param(optimizer: str, precision: str) -> float | None:
-    """Optimizer state per parameter; None where it depends on shapes (Adafactor's factored moments)."""
+    """Optimizer state per parameter; None where it depends on shapes (Adafactor's factors)."""
     state = 2 if precision == "bf16" else 4
     return {
         "adamw": 2 * state,      # exp_avg + exp_avg_sq, in the parameters' dtype

@@ -67,7 +67,7 @@ class Plan:
     step_time_s: float | None = None
     total_cost_usd: float | None = None
     memory: Memory = field(default_factory=Memory)
-    # Why this candidate exists, in words ("as asked", "micro-batch 8 -> 4 with 2 accumulation steps").
+    # Why this candidate exists, in words ("as asked", "micro-batch 8 -> 4, 2 accumulation steps").
     note: str = ""
 
     @property

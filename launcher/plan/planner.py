@@ -30,7 +30,7 @@ class Rejection:
 
 @dataclass(frozen=True)
 class PlanResult:
-    """The planner's answer; ``to_dict`` is the ``launch plan --json`` contract (less ``request``)."""
+    """The planner's answer; ``to_dict`` is the `launch plan --json` contract, less ``request``."""
 
     parameters: int | None
     source: str  # traced | config | declared

@@ -85,10 +85,10 @@ class LocalProvider(Provider):
         env = dict(os.environ)
         root = str(Path(__file__).resolve().parents[2])
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
-        with open(os.devnull, "rb") as devnull:
+        with open(job_dir / "runner.err", "ab") as errors:
             subprocess.Popen(
                 [self.python, "-m", "launcher.providers.local_runner", str(job_dir)],
-                stdin=devnull, stdout=subprocess.DEVNULL, stderr=open(job_dir / "runner.err", "ab"),
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=errors,
                 start_new_session=True, env=env, close_fds=True,
             )
         # Wait (briefly) for the runner to record its pid, so an immediate stop can find it.

@@ -1,0 +1,214 @@
+"""Turn a plan into the files a job runs: a training script rendered from ``trainer_templates/``
+and ``plan.json``.
+
+The split is deliberate: the template decides *which code* the script contains (one template per
+strategy), and ``plan.json`` carries *every value* the script uses. Templates are rendered with an
+empty context under ``StrictUndefined``, so no plan value can be spliced into code by accident; a
+replanned attempt changes ``plan.json`` and the environment, and a person can diff two attempts'
+plans without diffing code.
+
+No torch here: this runs in the CLI process, which must stay quick to start.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any, Literal
+
+import jinja2
+
+from launcher.plan.plan import PRECISIONS, Plan
+
+TEMPLATE_PACKAGE = "trainer_templates"
+TEMPLATE_SUFFIX = ".py.j2"
+SCRIPT_NAME = "launch_train.py"
+PLAN_NAME = "plan.json"
+
+Mode = Literal["recipe", "script"]
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """Job-level settings that are not part of the Plan contract (the planner does not choose
+    them), but that the training script needs. They land in ``plan.json`` next to the plan."""
+
+    # The user's script as the job sees it: relative to the job directory, or absolute.
+    recipe_file: str
+    # "recipe": render the strategy's script around the recipe. "script": bring-your-own plain
+    # script, run as is; it gets the plan through LAUNCH_* environment variables.
+    mode: Mode
+    run_id: str
+    attempt: int
+    checkpoint_dir: str = "checkpoints"
+    log_every: int = 1
+    checkpoint_every: int = 50  # 0: only at the end
+    keep_checkpoints: int = 2
+    seed: int = 0
+    max_grad_norm: float | None = 1.0  # None: no clipping
+    weight_decay: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("recipe", "script"):
+            raise ValueError(f"mode must be 'recipe' or 'script', not {self.mode!r}")
+        if not self.recipe_file:
+            raise ValueError("recipe_file is empty")
+        if self.log_every < 1:
+            raise ValueError(f"log_every must be at least 1, not {self.log_every}")
+        if self.checkpoint_every < 0:
+            raise ValueError(f"checkpoint_every must be 0 (only at the end) or more, not "
+                             f"{self.checkpoint_every}")
+        if self.keep_checkpoints < 1:
+            raise ValueError(f"keep_checkpoints must be at least 1, not {self.keep_checkpoints}")
+        if self.max_grad_norm is not None and self.max_grad_norm <= 0:
+            raise ValueError(f"max_grad_norm must be positive or None, not {self.max_grad_norm}")
+
+
+@dataclass(frozen=True)
+class RenderedJob:
+    """What a provider uploads and runs: files, the one torchrun starts, and its environment."""
+
+    files: dict[str, str]  # relative path -> text
+    entrypoint: str  # relative to the job directory (or absolute, for a user script elsewhere)
+    env: dict[str, str] = field(default_factory=dict)
+
+    def write(self, directory: Path) -> None:
+        """Write every file under ``directory``, each atomically (temporary file, then rename), so
+        a job that starts while an earlier attempt is being rewritten never reads half a file."""
+        directory = Path(directory)
+        for name, text in self.files.items():
+            path = directory / _relative(name)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, temporary = tempfile.mkstemp(
+                dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"
+            )
+            try:
+                with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
+                    f.write(text)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(temporary, path)
+            except BaseException:
+                Path(temporary).unlink(missing_ok=True)
+                raise
+
+
+def available_strategies() -> tuple[str, ...]:
+    """Strategies with a template: every ``<strategy>.py.j2`` not starting with ``_``."""
+    # Listed through jinja's loader, which (unlike importlib.resources.files) also copes with
+    # the package being seen as a namespace package, as a stale editable install makes it.
+    return tuple(
+        sorted(
+            name.removesuffix(TEMPLATE_SUFFIX)
+            for name in _environment().list_templates()
+            if name.endswith(TEMPLATE_SUFFIX) and "/" not in name and not name.startswith("_")
+        )
+    )
+
+
+def render_script(strategy: str) -> str:
+    """The training script for ``strategy``. It does not depend on the plan's values, only on its
+    strategy; ``ValueError`` names the strategies that have a template."""
+    known = available_strategies()
+    if strategy not in known:
+        raise ValueError(
+            f"no training template for strategy {strategy!r} yet; templates exist for: "
+            f"{', '.join(known)}"
+        )
+    # An empty context: with StrictUndefined, any {{ value }} in a template fails here.
+    return _environment().get_template(strategy + TEMPLATE_SUFFIX).render()
+
+
+def plan_document(plan: Plan, settings: TrainSettings) -> dict[str, Any]:
+    """``plan.json``: the plan's fields and the settings' fields in one flat object."""
+    document = plan.to_dict()
+    extra = dataclasses.asdict(settings)
+    clash = document.keys() & extra.keys()
+    if clash:  # a Plan field added with a settings name would be silently overwritten
+        raise ValueError(f"plan and settings both define {', '.join(sorted(clash))}")
+    return {**document, **extra}
+
+
+def plan_env(plan: Plan, settings: TrainSettings) -> dict[str, str]:
+    """The plan as environment variables, for plain scripts (and recipes that want a value, such
+    as the sequence length, at import time)."""
+    env = {
+        "LAUNCH_STRATEGY": plan.strategy,
+        "LAUNCH_MICRO_BATCH_SIZE": str(plan.micro_batch_size),
+        "LAUNCH_GRAD_ACCUM_STEPS": str(plan.grad_accum_steps),
+        "LAUNCH_GLOBAL_BATCH_SIZE": str(plan.global_batch_size),
+        "LAUNCH_PRECISION": plan.precision,
+        "LAUNCH_ACTIVATION_CHECKPOINTING": "1" if plan.activation_checkpointing else "0",
+        "LAUNCH_OPTIMIZER": plan.optimizer,
+        "LAUNCH_STEPS": str(plan.steps),
+        "LAUNCH_LR": repr(float(plan.lr)),  # repr round-trips a float exactly
+        "LAUNCH_CHECKPOINT_DIR": settings.checkpoint_dir,
+        "LAUNCH_SEED": str(settings.seed),
+        "LAUNCH_RUN_ID": settings.run_id,
+        "LAUNCH_ATTEMPT": str(settings.attempt),
+        "LAUNCH_PLAN": PLAN_NAME,
+    }
+    if plan.seq_len is not None:
+        env["LAUNCH_SEQ_LEN"] = str(plan.seq_len)
+    return env
+
+
+def render(plan: Plan, settings: TrainSettings) -> RenderedJob:
+    """The files and environment of one attempt of ``plan``.
+
+    In "recipe" mode the entrypoint is the rendered ``launch_train.py``; in "script" mode it is the
+    user's own script, and nothing is rendered but ``plan.json``.
+    """
+    _check(plan)
+    text = json.dumps(plan_document(plan, settings), indent=2) + "\n"
+    files = {PLAN_NAME: text}
+    env = plan_env(plan, settings)
+    if settings.mode == "script":
+        return RenderedJob(files=files, entrypoint=settings.recipe_file, env=env)
+    if PurePosixPath(settings.recipe_file).name == SCRIPT_NAME and not Path(
+        settings.recipe_file
+    ).is_absolute():
+        raise ValueError(f"the recipe may not be named {SCRIPT_NAME}: the rendered script is")
+    files[SCRIPT_NAME] = render_script(plan.strategy)
+    return RenderedJob(files=files, entrypoint=SCRIPT_NAME, env=env)
+
+
+def _check(plan: Plan) -> None:
+    """Refuse plans whose numbers contradict each other: the script would run them as written."""
+    for name in ("nodes", "gpus_per_node", "micro_batch_size", "grad_accum_steps", "steps"):
+        if getattr(plan, name) < 1:
+            raise ValueError(f"plan.{name} must be at least 1, not {getattr(plan, name)}")
+    per_step = plan.micro_batch_size * plan.grad_accum_steps * plan.world_size
+    if per_step != plan.global_batch_size:
+        raise ValueError(
+            f"global_batch_size {plan.global_batch_size} is not micro_batch_size "
+            f"{plan.micro_batch_size} x grad_accum_steps {plan.grad_accum_steps} x "
+            f"{plan.world_size} processes = {per_step}"
+        )
+    if plan.precision not in PRECISIONS:
+        raise ValueError(f"precision {plan.precision!r} is not one of {', '.join(PRECISIONS)}")
+    if not plan.lr > 0:
+        raise ValueError(f"lr must be positive, not {plan.lr}")
+
+
+def _relative(name: str) -> PurePosixPath:
+    path = PurePosixPath(name)
+    if path.is_absolute() or ".." in path.parts or not path.parts:
+        raise ValueError(f"job file {name!r} must be a relative path inside the job directory")
+    return path
+
+
+@functools.lru_cache(maxsize=1)
+def _environment() -> jinja2.Environment:
+    return jinja2.Environment(
+        # package_path ".": the templates sit in the package itself, not in a templates/ folder.
+        loader=jinja2.PackageLoader(TEMPLATE_PACKAGE, package_path="."),
+        keep_trailing_newline=True,
+        undefined=jinja2.StrictUndefined,
+        autoescape=False,
+    )

@@ -1,0 +1,147 @@
+"""Whole runs through the CLI on the local provider: run, status, logs, OOM, detach, attach, cancel.
+
+These start real torchrun jobs on the CPU; the CLI runs in-process except where a test needs a
+launcher process to interrupt.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from launcher.status import ExitStatus
+from tests.conftest import EXAMPLES, TINY_RECIPE
+
+SLOW_RECIPE = TINY_RECIPE.replace(
+    "def training_step(model, batch):\n",
+    "def training_step(model, batch):\n    import time; time.sleep(0.3)\n",
+).replace('"steps": 4', '"steps": 40')
+
+# Forward allocates a float32 tensor of micro_batch x 64 Mi elements (256 MiB a sample): under a
+# 2.5 GiB address-space cap, a micro-batch of 8 cannot get 2 GiB, one of 1 can.
+OOM_RECIPE = TINY_RECIPE.replace(
+    "def training_step(model, batch):\n",
+    "def training_step(model, batch):\n"
+    "    scratch = torch.ones(batch['x'].shape[0], 64 * 1024 * 1024)\n"
+    "    del scratch\n",
+).replace('"global_batch_size": 4', '"global_batch_size": 8')
+
+
+def test_run_then_status_and_logs(cli, tiny_recipe, tmp_path):
+    result = cli(str(tiny_recipe), "--json")
+    assert result.status == 0, result.stderr
+    data = result.json()
+    assert data["status"] == "success" and data["summary"]["steps"] == 4
+    run_dir = tmp_path / "state" / "runs" / data["run_id"]
+    assert (run_dir / "attempt-1" / "job" / "launch_train.py").is_file()
+    plan = json.loads((run_dir / "attempt-1" / "job" / "plan.json").read_text())
+    assert plan["micro_batch_size"] == 4 and plan["steps"] == 4
+    request = json.loads((run_dir / "attempt-1" / "request.json").read_text())
+    assert "torch.distributed.run" in request["argv"]
+    attempts = (run_dir / "attempts.jsonl").read_text().splitlines()
+    assert len(attempts) == 1 and json.loads(attempts[0])["outcome"] == "success"
+    assert Path(data["summary"]["checkpoint"]).is_file()
+
+    status = cli("status", data["run_id"], "--json")
+    assert status.status == 0
+    assert status.json()["attempts"][0]["live_state"] == "succeeded"
+    logs = cli("logs", data["run_id"][:8])
+    assert '[rank0]:{"launch": "done"' in logs.stdout
+
+
+def test_human_output_has_summary(cli, tiny_recipe):
+    result = cli(str(tiny_recipe), "--steps", "2")
+    assert result.status == 0, result.stderr
+    assert "succeeded" in result.stdout
+    for field in ("steps       2", "loss", "peak memory", "checkpoint", "attempts    1"):
+        assert field in result.stdout
+    assert "[rank0] step 2  loss" in result.stdout
+
+
+def test_a_new_run_never_resumes_another_runs_checkpoint(cli, tiny_recipe, tmp_path):
+    first = cli(str(tiny_recipe), "--json", "--steps", "2").json()
+    # The same checkpoint folder with more steps: the template resumes at step 2.
+    ckpt = Path(first["summary"]["checkpoint"]).parent
+    second = cli(str(tiny_recipe), "--json", "--steps", "4",
+                 environ={"LAUNCH_CHECKPOINT_DIR": str(ckpt)})
+    # The launcher sets the job's checkpoint folder itself; a new run starts fresh.
+    assert second.json()["summary"]["resumed_from_step"] is None
+
+
+def test_plain_script_receives_the_plan(cli):
+    result = cli(str(EXAMPLES / "plain" / "train.py"), "--params", "9", "--json",
+                 "--gpus-per-node", "2", "--global-batch-size", "8", "--micro-batch-size", "2",
+                 "--steps", "3")
+    assert result.status == 0, result.stderr
+    run_id = result.json()["run_id"]
+    lines = cli("logs", run_id).stdout.splitlines()
+    received = [json.loads(line.split(":", 1)[1]) for line in lines if '"plain": "received"'
+                in line]
+    assert sorted(r["rank"] for r in received) == [0, 1]
+    env = received[0]["env"]
+    assert env["LAUNCH_MICRO_BATCH_SIZE"] == "2"
+    assert env["LAUNCH_GRAD_ACCUM_STEPS"] == "2"
+    assert env["LAUNCH_STRATEGY"] == "ddp"
+    assert env["LAUNCH_STEPS"] == "3"
+    assert json.loads(Path(env["LAUNCH_PLAN"]).read_text())["micro_batch_size"] == 2
+
+
+def test_out_of_memory_is_stopped_and_reported(cli, write_script):
+    script = write_script(OOM_RECIPE)
+    result = cli(str(script), "--json", "--memory-limit", "2560MiB", "--max-attempts", "1")
+    assert result.status == ExitStatus.OUT_OF_MEMORY, result.stderr
+    attempt = result.json()["attempts"][0]
+    assert attempt["outcome"] == "oom"
+    assert attempt["diagnosis"]["phase"] == "forward"
+    assert attempt["diagnosis"]["micro_batch_size"] == 8
+
+
+def _launch_subprocess(script: Path, state: Path, *args: str) -> subprocess.Popen:
+    env = {**os.environ, "LAUNCH_STATE_DIR": str(state)}
+    return subprocess.Popen([sys.executable, "-m", "launcher.cli", str(script), *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            cwd=str(script.parent))
+
+
+def _wait_for_run(state: Path, timeout: float = 120) -> Path:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for log in (state / "runs").glob("*/attempt-1/output.log"):
+            if '"launch": "metrics"' in log.read_text():
+                return log.parents[1]
+        time.sleep(0.1)
+    raise AssertionError("the job never reported a step")
+
+
+def test_ctrl_c_detaches_and_attach_follows_to_the_end(cli, write_script, tmp_path):
+    script = write_script(SLOW_RECIPE)
+    state = tmp_path / "state"
+    proc = _launch_subprocess(script, state, "--steps", "8")
+    run_dir = _wait_for_run(state)
+    proc.send_signal(signal.SIGINT)
+    _out, err = proc.communicate(timeout=60)
+    assert proc.returncode == ExitStatus.INTERRUPTED
+    assert f"launch attach {run_dir.name}" in err
+    # The launcher is gone; the job is not. Attach from a new process (in-process CLI).
+    result = cli("attach", run_dir.name, "--json")
+    assert result.status == 0, result.stderr
+    assert result.json()["summary"]["steps"] == 8
+
+
+def test_cancel_from_another_process(cli, write_script, tmp_path):
+    script = write_script(SLOW_RECIPE)
+    state = tmp_path / "state"
+    proc = _launch_subprocess(script, state, "--steps", "200")
+    run_dir = _wait_for_run(state)
+    result = cli("cancel", run_dir.name)
+    assert result.status == 0, result.stderr
+    assert "cancelled attempt 1" in result.stdout
+    proc.communicate(timeout=60)
+    assert proc.returncode == ExitStatus.INTERRUPTED
+    status = cli("status", run_dir.name, "--json").json()
+    assert status["attempts"][0]["live_state"] == "cancelled"
