@@ -182,7 +182,14 @@ def run_command(as_json: bool, debug: bool, cancel_on_interrupt: bool, **options
     echo = _echo(out, as_json)
     note = (lambda text: None) if as_json else (lambda text: out.print(f"[bold]launch:[/] {text}"))
     note(f"run {run.id} (state in {run.path})")
-    supervisor = Supervisor(provider, run, on_line=echo, on_note=note)
+    from launcher.replan import replan
+
+    can_checkpoint = "wrap_modules" in _info.hooks
+
+    def fix(plan: Any, failure: dict[str, Any]) -> Any:
+        return replan(plan, failure, can_checkpoint=can_checkpoint)
+
+    supervisor = Supervisor(provider, run, on_line=echo, on_note=note, replan=fix)
     try:
         outcome = supervisor.launch(spec, result.chosen)
     except KeyboardInterrupt:

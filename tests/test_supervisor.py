@@ -101,6 +101,41 @@ def test_out_of_memory_is_stopped_and_reported(cli, write_script):
     assert attempt["diagnosis"]["micro_batch_size"] == 8
 
 
+# Out of memory partway: from the third micro-batch on, every sample needs 256 MiB of scratch.
+PARTWAY_RECIPE = TINY_RECIPE.replace(
+    "def training_step(model, batch):\n",
+    "CALLS = [0]\n\n"
+    "def training_step(model, batch):\n"
+    "    CALLS[0] += 1\n"
+    "    if CALLS[0] > 2:\n"
+    "        scratch = torch.ones(batch['x'].shape[0], 64 * 1024 * 1024)\n"
+    "        del scratch\n",
+).replace('"global_batch_size": 4', '"global_batch_size": 8').replace(
+    '"lr": 0.01}', '"lr": 0.01, "checkpoint_every": 2}')
+
+
+def test_overflowing_micro_batch_is_fixed_by_one_resubmission(cli, write_script):
+    script = write_script(OOM_RECIPE)
+    result = cli(str(script), "--json", "--memory-limit", "2560MiB")
+    assert result.status == 0, result.stderr
+    first, second = result.json()["attempts"]
+    assert first["outcome"] == "oom" and second["outcome"] == "success"
+    assert (second["plan"]["micro_batch_size"], second["plan"]["grad_accum_steps"]) == (4, 2)
+    assert second["plan"]["global_batch_size"] == first["plan"]["global_batch_size"] == 8
+    assert "global batch 8 unchanged" in second["change"]
+
+
+def test_oom_partway_resumes_from_the_last_checkpoint(cli, write_script):
+    script = write_script(PARTWAY_RECIPE)
+    result = cli(str(script), "--json", "--memory-limit", "2560MiB", "--steps", "4")
+    assert result.status == 0, result.stderr
+    data = result.json()
+    first, second = data["attempts"]
+    assert first["outcome"] == "oom" and first["diagnosis"]["step"] == 3
+    assert second["summary"]["resumed_from_step"] == 2
+    assert data["summary"]["steps"] == 4
+
+
 def _launch_subprocess(script: Path, state: Path, *args: str) -> subprocess.Popen:
     env = {**os.environ, "LAUNCH_STATE_DIR": str(state)}
     return subprocess.Popen([sys.executable, "-m", "launcher.cli", str(script), *args],

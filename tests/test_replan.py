@@ -1,0 +1,38 @@
+"""The replanner's first moves, as the seeds teach them."""
+
+from launcher.plan.plan import Plan
+from launcher.replan import replan
+
+
+def _plan(micro=8, accum=1, procs=1, ckpt=False) -> Plan:
+    return Plan(strategy="single" if procs == 1 else "ddp", machine="m", nodes=1,
+                gpus_per_node=procs, micro_batch_size=micro, grad_accum_steps=accum,
+                global_batch_size=micro * accum * procs, precision="fp32", optimizer="adamw",
+                activation_checkpointing=ckpt, steps=10, lr=1e-3)
+
+
+def test_forward_oom_halves_micro_batch_and_keeps_global_batch():
+    fixed, why = replan(_plan(micro=8), {"phase": "forward"})
+    assert (fixed.micro_batch_size, fixed.grad_accum_steps) == (4, 2)
+    assert fixed.global_batch_size == 8
+    assert "global batch 8 unchanged" in why
+
+
+def test_micro_batch_that_does_not_halve_evenly_takes_the_next_divisor():
+    plan = _plan(micro=6, procs=2)  # 6 per rank: half is 3
+    fixed, _ = replan(plan, {"phase": "backward"})
+    assert fixed.micro_batch_size == 3 and fixed.grad_accum_steps == 2
+    assert fixed.micro_batch_size * fixed.grad_accum_steps * 2 == plan.global_batch_size
+
+
+def test_micro_batch_one_turns_on_checkpointing():
+    fixed, why = replan(_plan(micro=1, accum=8), {"phase": "forward"})
+    assert fixed.activation_checkpointing and fixed.micro_batch_size == 1
+    assert "activation checkpointing" in why
+    assert replan(_plan(micro=1, ckpt=True), {"phase": "forward"}) is None
+    assert replan(_plan(micro=1), {"phase": "forward"}, can_checkpoint=False) is None
+
+
+def test_model_states_are_not_fixed_by_batch_size():
+    assert replan(_plan(micro=8), {"phase": "optimizer"}) is None
+    assert replan(_plan(micro=8), {"phase": "forward", "cause": "model_states"}) is None
