@@ -135,7 +135,8 @@ def _plan(env: Environment, options: dict[str, Any]) -> tuple[Any, Any, Any, Any
 
     script = options["script"]
     options["script"] = script if script.is_absolute() else env.cwd / script
-    provider = get_provider(options.get("provider") or "local")
+    provider = get_provider(options.get("provider") or "local",
+                            {**options, "python": env.python}, env.environ)
     info = inspect_script(options["script"], python=env.python, env=env.environ)
     spec = build_spec(options, info)
     result = plan_local(spec, info)
@@ -251,8 +252,10 @@ def _open_run(run_id: str | None) -> tuple[Any, Any]:
     from launcher.providers import get_provider
     from launcher.runs import Run
 
-    run = Run.open(_env().state_dir, run_id)
-    return run, get_provider(run.info["provider"])
+    env = _env()
+    run = Run.open(env.state_dir, run_id)
+    settings = {**run.info.get("spec", {}), "python": env.python}
+    return run, get_provider(run.info["provider"], settings, env.environ)
 
 
 @cli.command("status")

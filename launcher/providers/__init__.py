@@ -2,24 +2,30 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from launcher.status import UsageError
 
 if TYPE_CHECKING:
     from launcher.providers.base import Provider
 
-#: Providers that have an adapter today; the others are named so the error can say so.
-AVAILABLE = ("local",)
+#: name -> "module:Class"; a module is imported only when its provider is used (cloud SDKs are
+#: slow to import and optional extras).
+REGISTRY = {"local": "launcher.providers.local:LocalProvider"}
+#: Providers the design names whose adapter is not in this version.
 PLANNED = ("vertex", "sagemaker")
 
 
-def get_provider(name: str) -> Provider:
-    if name == "local":
-        from launcher.providers.local import LocalProvider
-
-        return LocalProvider()
-    if name in PLANNED:
-        raise UsageError(f"the {name} provider is not available in this version of launch",
-                         "use --provider local (`launch plan` shows the local plan)")
-    raise UsageError(f"unknown provider {name!r}", f"choose one of {', '.join(AVAILABLE)}")
+def get_provider(name: str, settings: dict[str, Any] | None = None,
+                 environ: dict[str, str] | None = None) -> Provider:
+    """The provider called ``name``, configured from ``settings`` (region, bucket, role ...)."""
+    if name not in REGISTRY:
+        if name in PLANNED:
+            raise UsageError(f"the {name} provider is not available in this version of launch",
+                             "use --provider local (`launch plan` shows the local plan)")
+        raise UsageError(f"unknown provider {name!r}",
+                         f"choose one of {', '.join([*REGISTRY, *PLANNED])}")
+    module, _, cls = REGISTRY[name].partition(":")
+    provider_class = getattr(importlib.import_module(module), cls)
+    return provider_class.from_settings(settings or {}, environ)

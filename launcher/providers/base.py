@@ -56,6 +56,16 @@ class JobStatus:
 class Provider(abc.ABC):
     name: ClassVar[str]
 
+    @classmethod
+    def from_settings(cls, settings: dict[str, Any], environ: dict[str, str] | None = None
+                      ) -> Provider:
+        """Build from the run's provider settings (region, bucket, role, ...) and environment.
+
+        Called for a new launch and again by `launch status|logs|cancel|attach`, from what the
+        run folder recorded; credentials are never among the settings.
+        """
+        return cls()
+
     @abc.abstractmethod
     def dryrun(self, job: Job) -> Request:
         """The exact request ``schedule`` would send, built without side effects."""

@@ -48,6 +48,11 @@ class LocalProvider(Provider):
     def __init__(self, python: str | None = None):
         self.python = python or sys.executable
 
+    @classmethod
+    def from_settings(cls, settings: dict[str, Any], environ: dict[str, str] | None = None
+                      ) -> LocalProvider:
+        return cls(python=settings.get("python"))
+
     def dryrun(self, job: Job) -> LocalRequest:
         plan = job.plan
         if plan.nodes != 1:
