@@ -245,6 +245,54 @@ def _finish(env: Environment, out: Any, run: Any, status: ExitStatus, message: s
         raise SystemExit(status)
 
 
+@cli.command("machines")
+@click.option("--provider", envvar="LAUNCH_PROVIDER", default="vertex", show_default=True,
+              help="Whose catalog: vertex or sagemaker.")
+@click.option("--gpu", help="Only machines with this GPU (e.g. A100-80GB, H100, L4).")
+@common
+def machines_command(provider: str, gpu: str | None, as_json: bool, debug: bool) -> None:
+    """The GPU machines a cloud offers, with GPU memory and price per hour."""
+    from dataclasses import asdict
+
+    from launcher.plan.catalog import UnknownGpu, gpu as gpu_type, load_catalog
+
+    env = _env()
+    if provider not in ("vertex", "sagemaker"):
+        raise UsageError(f"no machine catalog for provider {provider!r}",
+                         "use --provider vertex or --provider sagemaker")
+    catalog = load_catalog(provider)
+    machines = list(catalog.machines)
+    if gpu:
+        try:
+            wanted = gpu_type(gpu).name
+        except UnknownGpu as exc:
+            raise UsageError(str(exc)) from None
+        machines = [m for m in machines if m.gpu == wanted]
+    if as_json:
+        _print_json(env, {"provider": provider, "machines": [asdict(m) for m in machines]})
+        return
+    from rich.table import Table
+
+    from launcher.report import console
+    from launcher.units import format_bytes
+
+    table = Table(show_edge=False, pad_edge=False)
+    for name in ("machine", "GPUs", "GPU memory", "vCPU", "RAM", "network", "$/h", "spot $/h",
+                 "price as of"):
+        left = name in ("machine", "GPUs")
+        table.add_column(name, justify="left" if left else "right", no_wrap=left)
+    for m in machines:
+        price = "n/a" if m.price_per_hour is None else f"{m.price_per_hour:.2f}"
+        spot = "n/a" if m.spot_price_per_hour is None else f"{m.spot_price_per_hour:.2f}"
+        network = "-" if m.inter_node_gbps is None else f"{m.inter_node_gbps:g} Gbps"
+        table.add_row(m.name, f"{m.gpu_count} x {m.gpu}", format_bytes(m.gpu_memory_bytes),
+                      str(m.vcpus), f"{m.ram_gib:.0f} GiB", network, price, spot, m.as_of)
+    out = console(env.stdout)
+    out.print(table)
+    out.print(f"[dim]{len(machines)} machines, {provider} ({machines[0].region if machines else ''}"
+              "); prices and sources: launcher/plan/catalogs/README.md[/]")
+
+
 # -- following runs ----------------------------------------------------------------------------
 
 

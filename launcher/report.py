@@ -16,8 +16,10 @@ _COLORS = ("blue", "magenta", "yellow", "green", "cyan", "white")
 def console(stream: TextIO, *, color: bool | None = None) -> Any:
     from rich.console import Console
 
+    # A terminal's own width; a pipe or file (CI logs) gets a fixed, wide one.
+    width = None if getattr(stream, "isatty", lambda: False)() else 140
     return Console(file=stream, highlight=False, soft_wrap=True,
-                   force_terminal=color, no_color=color is False, width=100)
+                   force_terminal=color, no_color=color is False, width=width)
 
 
 def memory_bar(plan: Plan, width: int = 50) -> str:

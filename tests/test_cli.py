@@ -165,3 +165,18 @@ def test_unknown_run_id(cli):
     result = cli("status", "nope")
     assert result.status == ExitStatus.USAGE
     assert "no runs" in result.stderr
+
+
+def test_machines_lists_the_catalog(cli):
+    result = cli("machines", "--provider", "sagemaker", "--gpu", "A100-80GB", "--json")
+    assert result.status == 0, result.stderr
+    names = [m["name"] for m in result.json()["machines"]]
+    assert "ml.p4de.24xlarge" in names and "ml.p4d.24xlarge" not in names
+    text = cli("machines", "--provider", "vertex").stdout
+    assert "a2-ultragpu-8g" in text and "8 x A100-80GB" in text
+
+
+def test_machines_unknown_gpu_suggests(cli):
+    result = cli("machines", "--provider", "sagemaker", "--gpu", "A200")
+    assert result.status == ExitStatus.USAGE
+    assert "did you mean" in result.stderr
