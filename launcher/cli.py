@@ -254,7 +254,8 @@ def machines_command(provider: str, gpu: str | None, as_json: bool, debug: bool)
     """The GPU machines a cloud offers, with GPU memory and price per hour."""
     from dataclasses import asdict
 
-    from launcher.plan.catalog import UnknownGpu, gpu as gpu_type, load_catalog
+    from launcher.plan.catalog import UnknownGpu, load_catalog
+    from launcher.plan.catalog import gpu as gpu_type
 
     env = _env()
     if provider not in ("vertex", "sagemaker"):
