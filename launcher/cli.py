@@ -82,6 +82,12 @@ PLAN_OPTIONS: list[Callable[..., Any]] = [
     click.option("--lr", type=float, help="Learning rate."),
     click.option("--params", callback=_count,
                  help="A plain script's parameter count, like 7B (no recipe to trace)."),
+    click.option("--model-config", type=click.Path(path_type=Path),
+                 help="A Hugging Face config.json describing the model (plain scripts)."),
+    click.option("--layers", type=int, help="With --params: transformer layers."),
+    click.option("--hidden-size", type=int, help="With --params: hidden size."),
+    click.option("--heads", type=int, help="With --params: attention heads."),
+    click.option("--vocab-size", type=int, help="With --params: vocabulary size."),
     click.option("--region", envvar="LAUNCH_REGION", help="Cloud region."),
     click.option("--bucket", envvar="LAUNCH_BUCKET", help="Bucket for code and checkpoints."),
     click.option("--project", envvar="LAUNCH_PROJECT", help="Google Cloud project (Vertex)."),
@@ -127,19 +133,27 @@ def _env() -> Environment:
 # -- plan and run ------------------------------------------------------------------------------
 
 
-def _plan(env: Environment, options: dict[str, Any]) -> tuple[Any, Any, Any, Any]:
-    from launcher.plan.planner import plan_local
-    from launcher.providers import get_provider
+def _plan(env: Environment, options: dict[str, Any], *, dry_run: bool = False
+          ) -> tuple[Any, Any, Any, Any]:
+    """Script -> spec -> plan. A dry run may plan for a cloud whose adapter is not built yet."""
+    from launcher.preflight import preflight
+    from launcher.providers import PLANNED, REGISTRY, get_provider
     from launcher.recipe import inspect_script
     from launcher.spec import build_spec
 
     script = options["script"]
     options["script"] = script if script.is_absolute() else env.cwd / script
-    provider = get_provider(options.get("provider") or "local",
-                            {**options, "python": env.python}, env.environ)
-    info = inspect_script(options["script"], python=env.python, env=env.environ)
+    for key in ("model_config",):
+        if options.get(key) is not None and not options[key].is_absolute():
+            options[key] = env.cwd / options[key]
+    name = options.get("provider") or "local"
+    provider = None
+    if not (dry_run and name in PLANNED and name not in REGISTRY):
+        provider = get_provider(name, {**options, "python": env.python}, env.environ)
+    info = inspect_script(options["script"], python=env.python, env=env.environ,
+                          local=name == "local")
     spec = build_spec(options, info)
-    result = plan_local(spec, info)
+    result = preflight(spec, info)
     return spec, info, result, provider
 
 
@@ -148,15 +162,15 @@ def _plan(env: Environment, options: dict[str, Any]) -> tuple[Any, Any, Any, Any
 def plan_command(as_json: bool, debug: bool, **options: Any) -> None:
     """Dry run: estimate, choose a plan, show it. Starts nothing, spends nothing."""
     env = _env()
-    _spec, _info, result, _provider = _plan(env, options)
+    _spec, _info, result, _provider = _plan(env, options, dry_run=True)
     if as_json:
         _print_json(env, {**result.to_dict(), "request": None})
     else:
         from launcher.report import console, print_plan
 
         print_plan(console(env.stdout), result)
-    if result.chosen is None:
-        raise SystemExit(ExitStatus.NO_PLAN_FITS)
+    if result.status != ExitStatus.SUCCESS:
+        raise SystemExit(result.status)
 
 
 @cli.command("run")
@@ -174,6 +188,8 @@ def run_command(as_json: bool, debug: bool, cancel_on_interrupt: bool, **options
     out = console(env.stdout if not as_json else env.stderr)
     if not as_json:
         print_plan(out, result)
+    if result.status == ExitStatus.OVER_BUDGET:
+        raise LaunchError("every plan that fits costs more than --budget", result.status)
     if result.chosen is None:
         raise LaunchError("no plan fits in memory (see the rejected options above)",
                           ExitStatus.NO_PLAN_FITS)

@@ -86,10 +86,16 @@ def classify(path: Path) -> tuple[Literal["recipe", "script"], tuple[str, ...]]:
 
 def inspect_script(
     path: Path, *, python: str = sys.executable, timeout_s: float | None = None,
-    env: dict[str, str] | None = None,
+    env: dict[str, str] | None = None, local: bool = True,
 ) -> ScriptInfo:
-    """Classify ``path`` and, for a recipe, load it in a child process for LAUNCH and its size."""
+    """Classify ``path`` and, for a recipe, load it in a child process for LAUNCH and its size.
+
+    ``local``: the job runs here, so the child also reports this machine's GPUs. A plain script
+    planned for a cloud needs no child at all (and no torch import).
+    """
     mode, hooks = classify(path)
+    if mode == "script" and not local:
+        return ScriptInfo(path=path, mode=mode, hooks=hooks)
     answer = _run_child(["--script", str(path.resolve())] if mode == "recipe" else [],
                         python=python, timeout_s=timeout_s, env=env, path=path)
     hardware = Hardware(**answer.get("hardware", {}))

@@ -8,8 +8,6 @@ from launcher.plan.plan import Plan
 from launcher.plan.planner import PlanResult
 from launcher.units import format_bytes, format_count
 
-MEMORY_PARTS = ("parameters", "gradients", "optimizer", "activations", "temporary",
-                "framework_overhead")
 _COLORS = ("blue", "magenta", "yellow", "green", "cyan", "white")
 
 
@@ -22,22 +20,46 @@ def console(stream: TextIO, *, color: bool | None = None) -> Any:
                    force_terminal=color, no_color=color is False, width=width)
 
 
+def memory_parts(plan: Plan) -> list[tuple[str, int | None]]:
+    """What one GPU holds at the peak, in parts that add up to ``memory.total``.
+
+    Activations (forward/backward) and the optimizer step's temporaries are not alive at the
+    same time, so the larger of the two is the peak's third part.
+    """
+    m = plan.memory
+    act, temp = m.activations, m.temporary
+    if act is not None and temp is not None and temp > act:
+        step = ("optimizer-step temporaries", temp)
+    else:
+        step = ("activations", act)
+    slack = (None if m.peak_reserved is None or m.peak_allocated is None
+             else m.peak_reserved - m.peak_allocated)
+    parts: list[tuple[str, int | None]] = [
+        ("parameters", m.parameters), ("gradients", m.gradients), ("optimizer", m.optimizer),
+        step]
+    if slack is not None:
+        parts.append(("allocator reserve", slack))
+    if m.framework_overhead is not None:
+        parts.append(("CUDA context + NCCL", m.framework_overhead))
+    return parts
+
+
 def memory_bar(plan: Plan, width: int = 50) -> str:
-    """One stacked bar per GPU (rich markup): each known part against the capacity."""
+    """One stacked bar per GPU (rich markup): the peak's parts against the capacity."""
     mem = plan.memory
-    cap = mem.capacity
-    known = {p: getattr(mem, p) for p in MEMORY_PARTS if getattr(mem, p) is not None}
-    scale = max(cap or 0, sum(known.values())) or 1
-    bar = "".join(f"[{color}]{'█' * round(width * value / scale)}[/]"
-                  for (part, value), color in zip(known.items(), _COLORS, strict=False))
-    used = sum(known.values())
-    cells = sum(round(width * v / scale) for v in known.values())
-    bar += "░" * max(0, width - cells)
+    parts = memory_parts(plan)
+    known = [(name, value) for name, value in parts if value is not None]
+    used = mem.total if mem.total is not None else sum(v for _, v in known)
+    scale = max(mem.capacity or 0, used) or 1
+    cells = [(color, round(width * value / scale)) for (_, value), color in
+             zip(known, _COLORS, strict=False)]
+    bar = "".join(f"[{color}]{'█' * n}[/]" for color, n in cells)
+    bar += "░" * max(0, width - sum(n for _, n in cells))
     legend = "  ".join(f"[{c}]■[/] {p} {format_bytes(v)}" for (p, v), c in
-                       zip(known.items(), _COLORS, strict=False))
-    unknown = [p for p in MEMORY_PARTS if getattr(mem, p) is None]
+                       zip(known, _COLORS, strict=False))
+    unknown = [name for name, value in parts if value is None]
     tail = f"  (not estimated: {', '.join(unknown)})" if unknown else ""
-    return (f"{bar} {format_bytes(used)} of {format_bytes(cap)}\n{legend}{tail}")
+    return f"{bar} {format_bytes(used)} of {format_bytes(mem.capacity)} per GPU\n{legend}{tail}"
 
 
 def print_plan(out: Any, result: PlanResult) -> None:
@@ -46,8 +68,8 @@ def print_plan(out: Any, result: PlanResult) -> None:
     out.print(f"model: {format_count(result.parameters)} parameters ({result.source})")
     table = Table(show_edge=False, pad_edge=False)
     for name in ("", "strategy", "machine", "procs", "micro x accum", "precision", "optimizer",
-                 "ckpt", "model states", "fits", "$/h"):
-        table.add_column(name)
+                 "ckpt", "model states", "per GPU", "fits", "$/h", "step", "total $"):
+        table.add_column(name, no_wrap=name in ("machine", "strategy"))
     for plan in result.plans:
         mark = "→" if plan is result.chosen else ""
         states = plan.memory.model_states
@@ -55,8 +77,10 @@ def print_plan(out: Any, result: PlanResult) -> None:
             mark, plan.strategy, plan.machine, f"{plan.nodes}x{plan.gpus_per_node}",
             f"{plan.micro_batch_size} x {plan.grad_accum_steps}", plan.precision, plan.optimizer,
             "yes" if plan.activation_checkpointing else "no", format_bytes(states),
-            {True: "yes", False: "NO", None: "?"}[plan.fits],
+            format_bytes(plan.memory.total), {True: "yes", False: "NO", None: "?"}[plan.fits],
             "-" if plan.cost_per_hour_usd is None else f"{plan.cost_per_hour_usd:.2f}",
+            "-" if plan.step_time_s is None else f"{plan.step_time_s:.2f}s",
+            "-" if plan.total_cost_usd is None else f"{plan.total_cost_usd:,.2f}",
         )
     out.print(table)
     if result.chosen is not None:

@@ -60,8 +60,13 @@ class Spec:
     seed: int = DEFAULTS["seed"]
     max_grad_norm: float | None = DEFAULTS["max_grad_norm"]
     weight_decay: float = DEFAULTS["weight_decay"]
-    # A plain script's size, when it has no recipe to trace.
+    # A model's description, when there is no recipe to trace (or to size a larger variant).
     params: int | None = None
+    model_config: Path | None = None
+    layers: int | None = None
+    hidden_size: int | None = None
+    heads: int | None = None
+    vocab_size: int | None = None
     # Provider settings.
     region: str | None = None
     bucket: str | None = None
@@ -76,6 +81,7 @@ class Spec:
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data["script"] = str(self.script)
+        data["model_config"] = str(self.model_config) if self.model_config else None
         return data
 
 
@@ -132,7 +138,8 @@ def _validate(spec: Spec) -> None:
     choice("precision", spec.precision, PRECISIONS)
     choice("optimizer", spec.optimizer, OPTIMIZERS)
     for name in ("global_batch_size", "steps", "micro_batch_size", "nodes", "gpus_per_node",
-                 "seq_len", "log_every", "checkpoint_every", "max_attempts"):
+                 "seq_len", "log_every", "checkpoint_every", "max_attempts", "layers",
+                 "hidden_size", "heads", "vocab_size", "params"):
         value = getattr(spec, name)
         if value is not None and value < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be at least 1, not {value}")
@@ -140,9 +147,9 @@ def _validate(spec: Spec) -> None:
         raise UsageError(f"the learning rate must be positive, not {spec.lr}")
     if spec.budget is not None and spec.budget <= 0:
         raise UsageError(f"--budget must be a positive amount of USD, not {spec.budget}")
-    if spec.mode == "script" and spec.params is None:
+    if spec.mode == "script" and spec.params is None and spec.model_config is None:
         raise UsageError(
             f"{spec.script.name} is a plain script, so launch cannot trace its model",
-            "give its size with --params 7B, or make it a recipe (build_model, example_batch, "
-            "training_step)",
+            "describe it with --model-config config.json or --params 7B, or make it a recipe "
+            "(build_model, example_batch, training_step)",
         )

@@ -138,7 +138,7 @@ def test_model_states_over_capacity_exits_3(cli, tiny_recipe):
     assert result.status == ExitStatus.NO_PLAN_FITS
     data = result.json()
     assert data["chosen"] is None
-    assert "no batch size changes that" in data["rejected"][0]["reason"]
+    assert "no micro-batch changes that" in data["rejected"][0]["reason"]
 
 
 def test_json_error_object(cli):

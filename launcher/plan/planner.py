@@ -1,25 +1,62 @@
-"""Choosing the plan: candidates, whether each fits, and why the others were not chosen.
+"""Choosing the plan: candidates, whether each fits, its cost, and why the others were not chosen.
 
-This first planner covers the local provider: one machine (this one), single-process or DDP, the
-micro-batch and gradient accumulation that give the asked global batch. It already keeps the
-contract of the design brief (every candidate, the chosen one or None, the rejected options with
-reasons); the cloud catalogs and the traced estimate plug into the same shape.
+The remedies are tried in the order the seeds teach, least invasive first, on each machine:
+
+    0. as asked: single process, or DDP over the GPUs, the whole per-rank batch at once
+    1. a smaller micro-batch with gradient accumulation (the global batch is kept)
+    2. activation checkpointing of the ``wrap_modules()`` blocks
+    3. sharding the model states (FSDP; hybrid sharding across nodes), with 1 and 2 again
+    4. more nodes, sharded
+
+What the user pinned stays pinned. With ``--machine`` the answer is the first rung that fits on
+that machine; without it, every machine of the provider's catalog is planned this way and the
+cheapest fitting plan on one machine wins (several machines only when no single one fits; fewest
+changes on a tie). Each rung below the chosen one becomes a
+rejected option with its numbers. Memory per GPU comes from a ``Footprint`` (single device, per
+micro-batch) scaled by the strategy, plus the GPU-side overheads.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from launcher.estimate.states import model_states
+from launcher.estimate.footprint import Footprint
+from launcher.estimate.overheads import SAFETY_MARGIN, gpu_overheads
+from launcher.plan import reasons
+from launcher.plan.cost import Hardware, step_cost
 from launcher.plan.plan import Memory, Plan
-from launcher.recipe import ScriptInfo
 from launcher.spec import Spec
-from launcher.status import UsageError
-from launcher.units import format_bytes
+from launcher.status import ExitStatus, LaunchError, UsageError
 
-#: Strategies the training templates can run today.
+#: Strategies the training templates can run today (the rest are planned for the clouds).
 RUNNABLE_STRATEGIES = ("single", "ddp")
+SHARDED = ("fsdp", "hybrid_shard", "smp_v2")
+
+#: (precision, optimizer, activation checkpointing) -> the single-device footprint.
+Estimator = Callable[[str, str, bool], Footprint]
+
+
+@dataclass(frozen=True)
+class Target:
+    """A machine to plan on: a catalog entry, or this machine for the local provider."""
+
+    name: str
+    gpus: int                        # per node (processes per node on the local CPU)
+    memory_bytes: int | None         # per GPU (per process on the CPU)
+    cpu: bool = False
+    generation: str | None = None
+    gpu_name: str | None = None
+    price_per_hour: float | None = None
+    bf16_tflops: float | None = None
+    fp32_tflops: float | None = None
+    intra_node_gbytes_per_s: float | None = None
+    inter_node_gbps: float | None = None
+    max_nodes: int = 1
+    #: An address-space cap (local --memory-limit): not comparable with allocated bytes.
+    address_space_cap: bool = False
 
 
 @dataclass(frozen=True)
@@ -38,6 +75,7 @@ class PlanResult:
     chosen: Plan | None
     rejected: list[Rejection] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    status: ExitStatus = ExitStatus.SUCCESS
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -51,92 +89,264 @@ class PlanResult:
 
 def batch_split(global_batch: int, world: int, micro: int | None) -> tuple[int, int]:
     """(micro-batch, accumulation steps) with micro x accumulation x world == global batch."""
-    if micro is None:
-        if global_batch % world:
-            lower = global_batch - global_batch % world
-            options = " or ".join(str(n) for n in (lower, lower + world) if n > 0)
-            raise UsageError(
-                f"global batch {global_batch} cannot be split evenly over {world} processes",
-                f"use --global-batch-size {options}",
-            )
-        return global_batch // world, 1
-    step = micro * world
+    step = (micro or 1) * world
     if global_batch % step:
         lower = global_batch - global_batch % step
         options = " or ".join(str(n) for n in (lower, lower + step) if n > 0)
-        divisors = [d for d in range(1, global_batch + 1)
-                    if global_batch % (d * world) == 0][:8]
+        if micro is None:
+            raise UsageError(
+                f"global batch {global_batch} cannot be split evenly over {world} processes",
+                f"use --global-batch-size {options}")
+        divisors = [d for d in range(1, global_batch + 1) if global_batch % (d * world) == 0]
         raise UsageError(
             f"global batch {global_batch} is not a multiple of micro-batch {micro} x "
             f"{world} process{'es' if world > 1 else ''} (= {step})",
             f"use --global-batch-size {options}, or a micro-batch that divides it "
-            f"({', '.join(map(str, divisors))})",
-        )
+            f"({', '.join(map(str, divisors[:8]))})")
+    if micro is None:
+        return global_batch // world, 1
     return micro, global_batch // step
 
 
-def plan_local(spec: Spec, info: ScriptInfo) -> PlanResult:
-    """Plan a run on this machine: the GPUs torch sees, else the CPU with gloo."""
-    hw = info.hardware
-    on_gpu = hw.cuda_devices > 0
-    if spec.nodes not in (None, 1):
-        raise UsageError("the local provider runs on one node", "drop --nodes, or use a cloud")
-    if spec.machine is not None:
-        raise UsageError("--machine names a cloud machine type",
-                         "drop it for the local provider, or pass --provider vertex|sagemaker")
-    procs = spec.gpus_per_node or (hw.cuda_devices if on_gpu else 1)
-    if on_gpu and procs > hw.cuda_devices:
-        raise UsageError(f"--gpus-per-node {procs}, but this machine has {hw.cuda_devices} GPUs")
-    strategy = spec.strategy or ("single" if procs == 1 else "ddp")
-    if strategy not in RUNNABLE_STRATEGIES:
-        raise UsageError(f"strategy {strategy!r} has no training template yet",
-                         f"use {' or '.join(RUNNABLE_STRATEGIES)}")
-    if strategy == "single" and procs > 1:
-        raise UsageError(f"strategy 'single' runs one process, not {procs}",
-                         "use --strategy ddp, or --gpus-per-node 1")
-    micro, accum = batch_split(spec.global_batch_size, procs, spec.micro_batch_size)
+def shard_degree(strategy: str, nodes: int, gpus: int) -> int:
+    if strategy == "fsdp":
+        return nodes * gpus
+    if strategy in ("hybrid_shard", "smp_v2"):
+        return gpus  # shard within a node, replicate across nodes
+    return 1
+
+
+def per_gpu_memory(fp: Footprint, target: Target, strategy: str, nodes: int, gpus: int,
+                   micro: int) -> Memory:
+    """The footprint at ``micro`` under ``strategy``, with the GPU-side overheads."""
+    single = fp.memory_at(micro)
+    degree = shard_degree(strategy, nodes, gpus)
+
+    def div(x: int | None) -> int | None:
+        return None if x is None else -(-x // degree)
+
+    params, grads, opt = div(single.parameters), div(single.gradients), div(single.optimizer)
+    temporary, activations = div(single.temporary), single.activations
+    if degree == 1:
+        peak = single.peak_allocated
+    else:
+        compute_bytes = 4 if fp.precision == "fp32" else 2
+        # FSDP holds the current unit unsharded, prefetches the next, and the unit's unsharded
+        # gradients before their reduce-scatter: three units' worth at the peak.
+        gather = None if fp.unit_parameters is None else 3 * fp.unit_parameters * compute_bytes
+        parts = (params, grads, opt, activations, temporary, gather)
+        peak = None if any(p is None for p in parts) else (
+            params + grads + opt + max(activations + gather, temporary))  # type: ignore[operator]
+    capacity = target.memory_bytes
+    if target.cpu:
+        return Memory(parameters=params, gradients=grads, optimizer=opt, activations=activations,
+                      temporary=temporary, peak_allocated=peak, total=peak, capacity=capacity)
+    over = gpu_overheads(target.generation, nodes * gpus)
+    reserved = None if peak is None else math.ceil((peak + over.cublas) * over.reserve_ratio)
+    total = None if reserved is None else reserved + over.framework
+    return Memory(parameters=params, gradients=grads, optimizer=opt, activations=activations,
+                  temporary=temporary, framework_overhead=over.framework, peak_allocated=peak,
+                  peak_reserved=reserved, total=total, capacity=capacity)
+
+
+def _fits(memory: Memory, target: Target) -> bool | None:
+    cap = memory.capacity
+    if cap is None:
+        return None
+    usable = cap * (1 - SAFETY_MARGIN)
+    floor = memory.model_states
+    if floor is not None and floor + (memory.framework_overhead or 0) > usable:
+        return False  # model states alone: no batch size changes that
+    if memory.total is None or target.address_space_cap:
+        return None
+    return memory.total <= usable
+
+
+@dataclass(frozen=True)
+class Rung:
+    level: int
+    label: str
+    strategy: str
+    nodes: int
+    checkpointing: bool
+    smaller_micro: bool  # may the micro-batch shrink below the whole per-rank batch
+
+
+def ladder(spec: Spec, target: Target, provider: str, can_checkpoint: bool) -> Iterator[Rung]:
+    """The remedies for one machine, least invasive first, with the user's pins honoured."""
+    gpus = spec.gpus_per_node or target.gpus
+    base_nodes = spec.nodes or 1
+    base = spec.strategy or ("single" if base_nodes * gpus == 1 else "ddp")
+    pinned_ac = spec.activation_checkpointing
+    ac_options = [pinned_ac] if pinned_ac is not None else (
+        [False, True] if can_checkpoint else [False])
+    may_shrink = spec.micro_batch_size is None
+    if base not in SHARDED:
+        yield Rung(0, "as asked", base, base_nodes, ac_options[0], False)
+        if may_shrink:
+            yield Rung(1, "smaller micro-batch", base, base_nodes, ac_options[0], True)
+        if len(ac_options) > 1:
+            yield Rung(2, "activation checkpointing", base, base_nodes, True, True)
+    world = base_nodes * gpus
+    sharded = [spec.strategy] if spec.strategy in SHARDED else (
+        [] if spec.strategy else (["hybrid_shard", "fsdp"] if base_nodes > 1 else ["fsdp"]))
+    if provider == "local":
+        sharded = [s for s in sharded if s in RUNNABLE_STRATEGIES]
+    if world > 1:
+        for strategy in sharded:
+            for ac in ac_options:
+                yield Rung(3, f"{strategy}" + (" + checkpointing" if ac else ""), strategy,
+                           base_nodes, ac, may_shrink)
+    if spec.nodes is None and target.max_nodes > 1 and not spec.strategy:
+        for nodes in (2, 4, 8, 16):
+            if nodes > target.max_nodes:
+                break
+            for strategy in ("hybrid_shard", "fsdp"):
+                for ac in ac_options:
+                    yield Rung(4, f"{nodes} nodes, {strategy}" + (" + checkpointing" if ac else ""),
+                               strategy, nodes, ac, may_shrink)
+
+
+def _hardware(target: Target, precision: str) -> Hardware:
+    tflops = target.fp32_tflops if precision == "fp32" else target.bf16_tflops
+    return Hardware(peak_tflops=tflops, intra_node_gbytes_per_s=target.intra_node_gbytes_per_s,
+                    inter_node_gbps=target.inter_node_gbps, price_per_hour=target.price_per_hour)
+
+
+def _evaluate(spec: Spec, fp: Footprint, target: Target, rung: Rung, gpus: int, micro: int,
+              accum: int) -> Plan:
+    memory = per_gpu_memory(fp, target, rung.strategy, rung.nodes, gpus, micro)
+    world = rung.nodes * gpus
+    compute_bytes = 4 if fp.precision == "fp32" else 2
+    cost = step_cost(
+        flops_per_sample=fp.flops_per_sample, global_batch=spec.global_batch_size, world=world,
+        nodes=rung.nodes, strategy=rung.strategy, checkpointing=rung.checkpointing,
+        gradient_bytes=(memory.gradients or 0) * shard_degree(rung.strategy, rung.nodes, gpus),
+        parameter_bytes_compute=fp.parameters * compute_bytes, steps=spec.steps,
+        hw=_hardware(target, fp.precision))
+    return Plan(
+        strategy=rung.strategy,  # type: ignore[arg-type]
+        machine=target.name, nodes=rung.nodes, gpus_per_node=gpus, micro_batch_size=micro,
+        grad_accum_steps=accum, global_batch_size=spec.global_batch_size,
+        precision=fp.precision,  # type: ignore[arg-type]
+        optimizer=fp.optimizer,  # type: ignore[arg-type]
+        activation_checkpointing=rung.checkpointing, steps=spec.steps, lr=spec.lr,
+        seq_len=spec.seq_len, fits=_fits(memory, target),
+        cost_per_hour_usd=0.0 if target.cpu or target.name.startswith("local") else
+        cost.cost_per_hour_usd,
+        step_time_s=cost.step_time_s,
+        total_cost_usd=0.0 if target.name.startswith("local") else cost.total_cost_usd,
+        memory=memory, note=rung.label)
+
+
+def _micro_options(spec: Spec, world: int, shrink: bool) -> list[int]:
+    per_rank = spec.global_batch_size // world
+    if spec.micro_batch_size is not None:
+        return [spec.micro_batch_size]
+    if not shrink:
+        return [per_rank]
+    return [m for m in range(per_rank - 1, 0, -1) if per_rank % m == 0]
+
+
+def plan_on(spec: Spec, estimator: Estimator, target: Target, provider: str,
+            can_checkpoint: bool) -> tuple[Plan | None, list[Plan], list[Plan]]:
+    """(first fitting plan or None, every plan evaluated, the rungs' best tries that failed)."""
+    gpus = spec.gpus_per_node or target.gpus
+    if gpus > target.gpus:
+        raise UsageError(f"--gpus-per-node {gpus}, but {target.name} has {target.gpus} GPUs")
     precision = spec.precision or "fp32"
     optimizer = spec.optimizer or "adamw"
+    evaluated: list[Plan] = []
+    failed: list[Plan] = []
+    for rung in ladder(spec, target, provider, can_checkpoint):
+        world = rung.nodes * gpus
+        try:
+            batch_split(spec.global_batch_size, world, spec.micro_batch_size)
+        except UsageError:
+            if rung.nodes == (spec.nodes or 1):
+                raise  # the layout the user asked for cannot make their batch
+            continue  # more nodes than the global batch can feed: not an option
+        fp = estimator(precision, optimizer, rung.checkpointing)
+        tried: Plan | None = None
+        for micro in _micro_options(spec, world, rung.smaller_micro):
+            accum = spec.global_batch_size // (micro * world)
+            candidate = _evaluate(spec, fp, target, rung, gpus, micro, accum)
+            if tried is None:
+                evaluated.append(candidate)
+            tried = candidate
+            if candidate.fits:
+                if candidate is not evaluated[-1]:
+                    evaluated.append(candidate)
+                return candidate, evaluated, failed
+            if candidate.fits is None:
+                # Not known to overflow, and no estimate can say more: the least invasive such
+                # plan stands (with a note); smaller micro-batches would be guesses.
+                if candidate is not evaluated[-1]:
+                    evaluated.append(candidate)
+                return candidate, evaluated, failed
+            if candidate.fits is False and candidate.memory.model_states is not None and (
+                    candidate.memory.model_states > (candidate.memory.capacity or 0)):
+                break  # the model states alone overflow: smaller micro-batches cannot help
+        if tried is not None and tried.fits is False:
+            failed.append(tried)
+    return None, evaluated, failed
 
-    if on_gpu:
-        machine, capacity = f"local-{hw.cuda_name or 'cuda'}", hw.cuda_memory_bytes
-    else:
-        # Each CPU worker is one process; the cap is --memory-limit, else the host's RAM shared.
-        machine = "local-cpu"
-        host = hw.host_memory_bytes
-        capacity = spec.memory_limit or (host // procs if host else None)
 
-    memory = Memory(capacity=capacity)
-    fits: bool | None = None
+def plan(spec: Spec, estimator: Estimator, targets: list[Target], provider: str, *,
+         parameters: int | None, source: str, can_checkpoint: bool) -> PlanResult:
+    chosen: Plan | None = None
+    all_plans: list[Plan] = []
+    failed_on_chosen: list[Plan] = []
+    options: list[tuple[Plan, list[Plan]]] = []
+    for target in targets:
+        best, evaluated, failed = plan_on(spec, estimator, target, provider, can_checkpoint)
+        all_plans.extend(evaluated)
+        if best is not None:
+            options.append((best, failed))
+        elif len(targets) == 1:
+            failed_on_chosen = failed
     notes: list[str] = []
     rejected: list[Rejection] = []
-    parameters = info.parameters if info.mode == "recipe" else spec.params
-    if parameters is not None:
-        states = model_states(parameters, precision, optimizer,
-                              trainable=info.trainable_parameters)
-        memory = Memory(parameters=states.parameters, gradients=states.gradients,
-                        optimizer=states.optimizer, capacity=capacity)
-        if states.total is not None and capacity is not None and states.total > capacity:
-            fits = False
+    status = ExitStatus.SUCCESS
+    if options:
+        def rank(option: tuple[Plan, list[Plan]]) -> tuple[int, int, float, int]:
+            # Known to fit first; one machine before several (a second machine is the last
+            # remedy); then the cheapest; then the fewest changes.
+            p = option[0]
+            return (0 if p.fits else 1, p.nodes > 1, p.total_cost_usd
+                    if p.total_cost_usd is not None else math.inf, len(option[1]))
+        # Under a budget, a plan whose cost is unknown cannot be shown to be within it.
+        within = [o for o in options if spec.budget is None or (
+            o[0].total_cost_usd is not None and o[0].total_cost_usd <= spec.budget)]
+        if not within:
+            cheapest = min(options, key=rank)[0]
+            cost = ("an unknown amount" if cheapest.total_cost_usd is None
+                    else f"${cheapest.total_cost_usd:,.2f}")
             rejected.append(Rejection(
-                option=f"{strategy} on {machine}",
-                reason=(f"weights, gradients and optimizer state alone need "
-                        f"{format_bytes(states.total)} per process, more than the "
-                        f"{format_bytes(capacity)} available; no batch size changes that"),
-            ))
-    notes.append("activations are not estimated yet: the plan checks model states only")
-    plan = Plan(
-        strategy=strategy,  # type: ignore[arg-type]
-        machine=machine, nodes=1, gpus_per_node=procs, micro_batch_size=micro,
-        grad_accum_steps=accum, global_batch_size=spec.global_batch_size,
-        precision=precision,  # type: ignore[arg-type]
-        optimizer=optimizer,  # type: ignore[arg-type]
-        activation_checkpointing=bool(spec.activation_checkpointing), steps=spec.steps,
-        lr=spec.lr, seq_len=spec.seq_len, fits=fits, cost_per_hour_usd=0.0,
-        step_time_s=None, total_cost_usd=0.0, memory=memory,
-        note="as asked" if spec.micro_batch_size else "whole global batch per step",
-    )
-    chosen = None if fits is False else plan
-    source = "traced" if info.mode == "recipe" else "declared"
-    return PlanResult(parameters=parameters, source=source, plans=[plan], chosen=chosen,
-                      rejected=rejected, notes=notes)
+                option=f"{cheapest.strategy} on {cheapest.machine}",
+                reason=f"costs {cost} for {spec.steps} steps, over the ${spec.budget:,.2f} "
+                       "budget"))
+            status = ExitStatus.OVER_BUDGET
+        else:
+            chosen, failed_on_chosen = min(within, key=rank)
+    else:
+        status = ExitStatus.NO_PLAN_FITS
+    rejected = [*reasons.for_failed(failed_on_chosen, parameters), *rejected]
+    if chosen is not None:
+        rejected += reasons.alternatives(chosen, failed_on_chosen, provider)
+        if chosen.fits is None:
+            unknown = [k for k, v in asdict(chosen.memory).items() if v is None]
+            why = ("--memory-limit caps address space, which allocated bytes do not measure"
+                   if spec.memory_limit and chosen.machine == "local-cpu"
+                   else f"unknown: {', '.join(unknown)}")
+            notes.append(f"whether the chosen plan fits is not certain ({why})")
+    foot_note = estimator(spec.precision or "fp32", spec.optimizer or "adamw", False).note
+    if foot_note:
+        notes.append(foot_note)
+    return PlanResult(parameters=parameters, source=source, plans=all_plans, chosen=chosen,
+                      rejected=rejected, notes=notes, status=status)
+
+
+def check_budget(result: PlanResult) -> None:
+    if result.status == ExitStatus.OVER_BUDGET:
+        raise LaunchError("every plan that fits costs more than --budget", result.status)

@@ -1,0 +1,71 @@
+"""A model's single-device memory per micro-batch: what the planner scales to every strategy.
+
+One ``Footprint`` is one choice of precision, optimizer and activation checkpointing; its
+``memory_at(b)`` gives the single-device ``Memory`` at micro-batch ``b`` without re-tracing (the
+traced estimate fits lines through a few traced sizes; the analytic one is linear by
+construction). The planner applies the strategy (sharding divides the model states) and the
+GPU-side overheads on top.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from launcher.estimate.analytic import ModelShape
+from launcher.estimate.states import model_states
+from launcher.plan.plan import Memory
+
+
+@dataclass(frozen=True)
+class Footprint:
+    kind: str                          # traced | config | declared (| upper_bound)
+    precision: str
+    optimizer: str
+    activation_checkpointing: bool
+    parameters: int                    # count
+    memory_at: Callable[[int], Memory]  # single device, at a micro-batch
+    unit_parameters: int | None = None  # the largest wrap_modules() block: FSDP's gathered unit
+    flops_per_sample: float | None = None
+    note: str = ""
+
+
+def foreach_temporary(trainable: int, optimizer: str, precision: str) -> int:
+    """Bytes an optimizer step allocates on top of its state.
+
+    PyTorch's foreach AdamW (the default on CUDA) computes ``_foreach_sqrt(exp_avg_sq)`` out of
+    place: a full copy of the second moments, 4 bytes per trained parameter in fp32 (2 in bf16).
+    SGD's foreach step updates in place.
+    """
+    if optimizer != "adamw":
+        return 0
+    return trainable * (2 if precision == "bf16" else 4)
+
+
+def from_shape(shape: ModelShape, *, precision: str, optimizer: str, checkpointing: bool,
+               flash: bool = True, kind: str = "config") -> Footprint:
+    """The analytic footprint: exact model states, formula activations (None if unknown)."""
+    states = model_states(shape.parameters, precision, optimizer)
+    element = 4 if precision == "fp32" else 2
+    per_sample = shape.activation_bytes_per_sample(element_bytes=element, flash=flash,
+                                                   checkpointing=checkpointing)
+    temporary = foreach_temporary(shape.parameters, optimizer, precision)
+
+    def memory_at(micro_batch: int) -> Memory:
+        activations = None if per_sample is None else per_sample * micro_batch
+        peak = None
+        if activations is not None and states.optimizer is not None:
+            # Activations are gone by the optimizer step, where the foreach temporaries appear.
+            peak = states.parameters + states.gradients + states.optimizer + max(
+                activations, temporary)
+        return Memory(parameters=states.parameters, gradients=states.gradients,
+                      optimizer=states.optimizer, activations=activations, temporary=temporary,
+                      peak_allocated=peak)
+
+    note = "" if per_sample is not None else (
+        "activations unknown: give the shape (--model-config, or --layers --hidden-size "
+        "--heads --vocab-size --seq-len)")
+    return Footprint(kind=kind, precision=precision, optimizer=optimizer,
+                     activation_checkpointing=checkpointing, parameters=shape.parameters,
+                     memory_at=memory_at, unit_parameters=shape.layer_parameters,
+                     flops_per_sample=shape.flops_per_sample(), note=note)

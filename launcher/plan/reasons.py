@@ -1,0 +1,130 @@
+"""Why each option was not chosen, in words a person can check, with the numbers.
+
+Two kinds: the rungs of the ladder that were tried and did not fit (``for_failed``), and the
+tempting alternatives an expert would rule out for this situation (``alternatives``): the seeds'
+"why not model parallelism, accumulation alone, fp16" and "why not SMDDP, more instances,
+accumulation".
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from launcher.estimate.overheads import SAFETY_MARGIN
+from launcher.plan.plan import Plan
+from launcher.units import format_bytes, format_count
+
+if TYPE_CHECKING:
+    from launcher.plan.planner import Rejection
+
+
+def _rejection(option: str, reason: str) -> Rejection:
+    from launcher.plan.planner import Rejection
+
+    return Rejection(option=option, reason=reason)
+
+
+def _where(plan: Plan) -> str:
+    layout = f"{plan.nodes} x {plan.gpus_per_node}" if plan.nodes > 1 else f"{plan.gpus_per_node}"
+    return f"{plan.strategy} on {layout} x {plan.machine}"
+
+
+def _states_overflow(plan: Plan) -> bool:
+    m = plan.memory
+    return (m.model_states is not None and m.capacity is not None
+            and m.model_states + (m.framework_overhead or 0) > m.capacity)
+
+
+def _ratio(a: int, b: int) -> str:
+    return f"{a / b:.1f}x"
+
+
+def _per_param(plan: Plan, parameters: int | None) -> str:
+    """ "(16 bytes per parameter x 30.00B = 480 GB)": the arithmetic a person can redo."""
+    states = plan.memory.model_states
+    if not parameters or states is None or plan.strategy not in ("single", "ddp"):
+        return ""
+    per = states / parameters
+    return f" ({per:.0f} bytes per parameter x {format_count(parameters)} = {_decimal(states)})"
+
+
+def _decimal(n: int) -> str:
+    """Decimal units, as parameter arithmetic is done: 16 x 30B = 480 GB."""
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:,.0f} {unit}"
+    return f"{n} B"
+
+
+def for_failed(failed: list[Plan], parameters: int | None) -> list[Rejection]:
+    out = []
+    for plan in failed:
+        m = plan.memory
+        option = f"{_where(plan)}, micro-batch {plan.micro_batch_size}" + (
+            " with activation checkpointing" if plan.activation_checkpointing else "")
+        if _states_overflow(plan):
+            assert m.model_states is not None and m.capacity is not None
+            out.append(_rejection(option, (
+                f"weights, gradients and optimizer state alone need {format_bytes(m.model_states)}"
+                f"{_per_param(plan, parameters)}"
+                f" per GPU, {_ratio(m.model_states, m.capacity)} the {format_bytes(m.capacity)}"
+                " it has; no micro-batch changes that")))
+        elif m.total is not None and m.capacity is not None:
+            out.append(_rejection(option, (
+                f"needs {format_bytes(m.total)} per GPU ({format_bytes(m.activations)} of it "
+                f"activations at micro-batch {plan.micro_batch_size}), more than the "
+                f"{format_bytes(int(m.capacity * (1 - SAFETY_MARGIN)))} usable of its "
+                f"{format_bytes(m.capacity)} ({SAFETY_MARGIN:.0%} kept free)")))
+        else:
+            out.append(_rejection(option, "does not fit"))
+    return out
+
+
+def alternatives(chosen: Plan, failed: list[Plan], provider: str) -> list[Rejection]:
+    out: list[Rejection] = []
+    states_bound = [p for p in failed if _states_overflow(p)]
+    if states_bound:
+        first = states_bound[0]
+        states = format_bytes(first.memory.model_states)
+        out.append(_rejection("more nodes or GPUs under DDP", (
+            f"data parallelism puts a full replica on every GPU: each of them would still hold "
+            f"{states} of model state; more replicas only add copies")))
+        if provider == "sagemaker":
+            out.append(_rejection("SMDDP (SageMaker's data-parallel library)", (
+                f"it speeds up DDP's gradient all-reduce, but every GPU still holds all "
+                f"{states} of weights, gradients and optimizer state")))
+        out.append(_rejection("a smaller micro-batch or gradient accumulation", (
+            f"they shrink activations only; the {states} of model state is the same at "
+            f"micro-batch 1")))
+        if chosen.strategy in ("fsdp", "hybrid_shard", "smp_v2"):
+            out.append(_rejection("tensor parallelism", (
+                f"not needed first: sharding the model states ({_where(chosen)}) brings them to "
+                f"{format_bytes(chosen.memory.model_states)} per GPU, and tensor parallelism "
+                "needs model-specific layouts and fast intra-node links")))
+        return out
+    if failed and chosen.grad_accum_steps > failed[0].grad_accum_steps:
+        before = failed[0]
+        m = chosen.memory
+        if chosen.world_size == 1:
+            mp_reason = (f"the failure is on a single GPU and the model states "
+                         f"({format_bytes(m.model_states)}) fit on it; model parallelism needs "
+                         "more GPUs and changes the code, and activations are what overflow")
+        else:
+            mp_reason = (f"the model states ({format_bytes(m.model_states)} per GPU) fit; "
+                         "sharding adds communication for a problem the micro-batch solves")
+        out.append(_rejection("model parallelism or sharding (FSDP)", mp_reason))
+        out.append(_rejection("gradient accumulation alone", (
+            f"accumulation does not shrink the micro-batch: at micro-batch "
+            f"{before.micro_batch_size} the activations stay "
+            f"{format_bytes(before.memory.activations)}; it is what keeps the global batch at "
+            f"{chosen.global_batch_size} once the micro-batch is {chosen.micro_batch_size}")))
+        if chosen.precision == "fp32":
+            out.append(_rejection("fp16 / bf16 mixed precision", (
+                "mixed precision keeps fp32 master weights, so weights, gradients and optimizer "
+                "state stay 16 bytes per parameter; it changes the numerics, and it is not "
+                "needed when a smaller micro-batch fits")))
+        if not chosen.activation_checkpointing:
+            out.append(_rejection("activation checkpointing", (
+                "it recomputes the forward pass during backward (about a third more compute); a "
+                "smaller micro-batch fits without it")))
+    return out

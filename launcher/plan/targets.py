@@ -1,0 +1,53 @@
+"""The machines a plan can use: this one (local provider) or a cloud catalog's."""
+
+from __future__ import annotations
+
+from launcher.plan.catalog import UnknownMachine, load_catalog
+from launcher.plan.planner import Target
+from launcher.recipe import Hardware
+from launcher.spec import Spec
+from launcher.status import UsageError
+
+#: Nodes the planner may add on a cloud when one machine is not enough.
+MAX_CLOUD_NODES = 16
+
+
+def local_target(spec: Spec, hw: Hardware) -> Target:
+    """This machine: its GPUs as torch sees them, else CPU processes with gloo."""
+    if spec.nodes not in (None, 1):
+        raise UsageError("the local provider runs on one node", "drop --nodes, or use a cloud")
+    if spec.machine is not None:
+        raise UsageError("--machine names a cloud machine type",
+                         "drop it for the local provider, or pass --provider vertex|sagemaker")
+    if hw.cuda_devices:
+        return Target(name=f"local-{hw.cuda_name or 'cuda'}", gpus=hw.cuda_devices,
+                      memory_bytes=hw.cuda_memory_bytes, gpu_name=hw.cuda_name)
+    procs = spec.gpus_per_node or 1
+    host = hw.host_memory_bytes
+    capacity = spec.memory_limit or (host // procs if host else None)
+    return Target(name="local-cpu", gpus=max(procs, 1), memory_bytes=capacity, cpu=True,
+                  address_space_cap=spec.memory_limit is not None)
+
+
+def cloud_targets(provider: str, spec: Spec) -> list[Target]:
+    catalog = load_catalog(provider)
+    if spec.machine is not None:
+        try:
+            machines = [catalog.get(spec.machine)]
+        except UnknownMachine as exc:
+            raise UsageError(str(exc)) from None
+    else:
+        machines = [m for m in catalog.machines if spec.gpus_per_node is None
+                    or m.gpu_count >= spec.gpus_per_node]
+    targets = []
+    for m in machines:
+        gpu = m.gpu_type
+        targets.append(Target(
+            name=m.name, gpus=m.gpu_count, memory_bytes=gpu.usable_memory_bytes,
+            generation=gpu.generation, gpu_name=gpu.name,
+            price_per_hour=(m.spot_price_per_hour if spec.spot and m.spot_price_per_hour
+                            else m.price_per_hour),
+            bf16_tflops=gpu.bf16_tflops, fp32_tflops=gpu.fp32_tflops,
+            intra_node_gbytes_per_s=m.intra_node_gbytes_per_s,
+            inter_node_gbps=m.inter_node_gbps, max_nodes=MAX_CLOUD_NODES))
+    return targets

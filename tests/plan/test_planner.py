@@ -1,0 +1,145 @@
+"""The advisor on the three seeds and on bad input: the right first move, and why not the others.
+
+Plain scripts described by a config or --params, planned for the clouds: no torch import, no
+child process, so these run in milliseconds through the in-process CLI.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from launcher.status import ExitStatus
+
+GPT2_MEDIUM = {"model_type": "gpt2", "n_embd": 1024, "n_layer": 24, "n_head": 16,
+               "vocab_size": 50257, "n_positions": 1024}
+
+
+@pytest.fixture
+def plain(write_script):
+    return write_script("print('training')\n")
+
+
+@pytest.fixture
+def gpt2_config(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(GPT2_MEDIUM))
+    return path
+
+
+def _rejected(data) -> dict[str, str]:
+    return {r["option"]: r["reason"] for r in data["rejected"]}
+
+
+def test_seed_vertex_single_gpu_oom_gets_a_smaller_micro_batch(cli, plain, gpt2_config):
+    # One L4 (24 GB), global batch 64 of 1024 tokens: the activations of 64 sequences overflow.
+    result = cli("plan", str(plain), "--provider", "vertex", "--machine", "g2-standard-8",
+                 "--model-config", str(gpt2_config), "--global-batch-size", "64", "--json")
+    assert result.status == 0, result.stderr
+    data = result.json()
+    chosen = data["chosen"]
+    assert chosen["machine"] == "g2-standard-8" and chosen["strategy"] == "single"
+    assert chosen["fits"] is True
+    assert chosen["micro_batch_size"] < 64
+    assert chosen["micro_batch_size"] * chosen["grad_accum_steps"] == 64  # global batch kept
+    assert chosen["activation_checkpointing"] is False and chosen["precision"] == "fp32"
+    first = data["plans"][0]
+    assert first["micro_batch_size"] == 64 and first["fits"] is False
+    # The first (as asked) plan overflows by activations, not model states.
+    assert first["memory"]["activations"] > first["memory"]["capacity"] / 2
+    reasons = _rejected(data)
+    assert "model parallelism or sharding (FSDP)" in reasons
+    assert "single GPU" in reasons["model parallelism or sharding (FSDP)"]
+    assert "gradient accumulation alone" in reasons
+    assert "fp16 / bf16 mixed precision" in reasons
+    memory = chosen["memory"]
+    assert memory["total"] <= memory["capacity"]
+    assert memory["peak_reserved"] >= memory["peak_allocated"]
+
+
+def test_seed_30b_ddp_is_rejected_with_its_numbers_and_sharded(cli, plain):
+    result = cli("plan", str(plain), "--provider", "sagemaker", "--machine",
+                 "ml.p4de.24xlarge", "--nodes", "2", "--micro-batch-size", "1",
+                 "--global-batch-size", "16", "--params", "30B", "--layers", "60",
+                 "--hidden-size", "6656", "--heads", "52", "--vocab-size", "32000",
+                 "--seq-len", "2048", "--precision", "bf16_mixed", "--json")
+    assert result.status == 0, result.stderr
+    data = result.json()
+    chosen = data["chosen"]
+    assert chosen["strategy"] in ("fsdp", "hybrid_shard", "smp_v2")
+    assert (chosen["nodes"], chosen["gpus_per_node"]) == (2, 8)
+    assert chosen["fits"] is True
+    ddp = [p for p in data["plans"] if p["strategy"] == "ddp"]
+    assert ddp and all(p["fits"] is False for p in ddp)
+    reasons = _rejected(data)
+    ddp_reason = next(v for k, v in reasons.items() if k.startswith("ddp on 2 x 8"))
+    assert "16 bytes per parameter x 30.00B = 480 GB" in ddp_reason
+    assert "5.6x the 80.0 GiB" in ddp_reason
+    assert "SMDDP (SageMaker's data-parallel library)" in reasons
+    assert "more nodes or GPUs under DDP" in reasons
+    assert "a smaller micro-batch or gradient accumulation" in reasons
+    states = chosen["memory"]["parameters"] + chosen["memory"]["gradients"] + \
+        chosen["memory"]["optimizer"]
+    assert states * 16 >= 480e9 * 0.99 or states * 8 >= 480e9 * 0.99  # sharded 16- or 8-way
+
+
+def test_params_alone_plan_sharding_but_say_activations_are_unknown(cli, plain):
+    data = cli("plan", str(plain), "--provider", "sagemaker", "--machine", "ml.p4de.24xlarge",
+               "--nodes", "2", "--micro-batch-size", "1", "--global-batch-size", "16",
+               "--params", "30B", "--json").json()
+    assert data["model"] == {"parameters": 30_000_000_000, "source": "declared"}
+    assert data["chosen"]["fits"] is None
+    assert data["chosen"]["memory"]["activations"] is None
+    assert any("activations unknown" in note for note in data["notes"])
+
+
+def test_unpinned_machine_picks_the_cheapest_that_fits(cli, plain, gpt2_config):
+    data = cli("plan", str(plain), "--provider", "sagemaker", "--model-config",
+               str(gpt2_config), "--global-batch-size", "8", "--json").json()
+    chosen = data["chosen"]
+    assert chosen["fits"] is True
+    fitting = [p for p in data["plans"] if p["fits"] and p["total_cost_usd"] is not None]
+    assert chosen["total_cost_usd"] == min(p["total_cost_usd"] for p in fitting)
+
+
+def test_budget_rejects_and_exits_4(cli, plain, gpt2_config):
+    result = cli("plan", str(plain), "--provider", "sagemaker", "--model-config",
+                 str(gpt2_config), "--global-batch-size", "8", "--budget", "0.0001", "--json")
+    assert result.status == ExitStatus.OVER_BUDGET
+    assert "over the $0.00 budget" in result.json()["rejected"][-1]["reason"]
+
+
+def test_nothing_fits_exits_3(cli, plain):
+    result = cli("plan", str(plain), "--provider", "vertex", "--machine", "g2-standard-8",
+                 "--params", "70B", "--json")
+    assert result.status == ExitStatus.NO_PLAN_FITS
+    assert result.json()["chosen"] is None
+
+
+def test_unknown_machine_suggests_names(cli, plain):
+    result = cli("plan", str(plain), "--provider", "sagemaker", "--machine", "ml.p4.24xlarge",
+                 "--params", "1B")
+    assert result.status == ExitStatus.USAGE
+    assert "did you mean ml.p4d.24xlarge" in result.stderr
+
+
+def test_more_gpus_per_node_than_the_machine_has(cli, plain):
+    result = cli("plan", str(plain), "--provider", "vertex", "--machine", "g2-standard-8",
+                 "--gpus-per-node", "4", "--params", "1B")
+    assert result.status == ExitStatus.USAGE
+    assert "has 1 GPUs" in result.stderr
+
+
+def test_zero_budget_is_refused(cli, plain):
+    result = cli("plan", str(plain), "--provider", "vertex", "--params", "1B", "--budget", "0")
+    assert result.status == ExitStatus.USAGE
+    assert "--budget must be a positive" in result.stderr
+
+
+def test_pins_stay_pinned(cli, plain, gpt2_config):
+    data = cli("plan", str(plain), "--provider", "vertex", "--machine", "g2-standard-8",
+               "--model-config", str(gpt2_config), "--global-batch-size", "64",
+               "--micro-batch-size", "64", "--json")
+    assert data.status == ExitStatus.NO_PLAN_FITS
+    assert all(p["micro_batch_size"] == 64 for p in data.json()["plans"])
