@@ -1,0 +1,161 @@
+"""The rendered script's helper functions, imported in this process (no subprocess, no torchrun).
+
+The script is a plain module guarded by ``if __name__ == "__main__"``, so importing it defines its
+functions without training; these tests cover the cases a whole run does not reach cheaply.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import sys
+from collections import namedtuple
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType, SimpleNamespace
+
+import pytest
+import torch
+
+from launcher.render import render_script
+
+
+@pytest.fixture(scope="module", params=["single", "ddp"])
+def script(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ModuleType]:
+    path = tmp_path_factory.mktemp(request.param) / "launch_train.py"
+    path.write_text(render_script(request.param))
+    spec = importlib.util.spec_from_file_location(f"rendered_{request.param}", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    yield module
+    del sys.modules[spec.name]
+
+
+def cpu_runtime(script: ModuleType, rank: int = 0, world_size: int = 1) -> object:
+    return script.Runtime(rank=rank, local_rank=rank, world_size=world_size,
+                          device=torch.device("cpu"))
+
+
+Pair = namedtuple("Pair", "tokens weights")
+
+
+def test_batches_move_recursively_and_pure_bf16_casts_only_floats(script: ModuleType) -> None:
+    batch = {
+        "ids": torch.arange(4),
+        "nested": [torch.ones(2), (torch.zeros(1), "label")],
+        "pair": Pair(torch.arange(2), torch.ones(2)),
+        "count": 3,
+    }
+    moved = script.move_to_device(batch, torch.device("cpu"), torch.bfloat16)
+    assert moved["ids"].dtype == torch.int64  # token ids are never cast
+    assert isinstance(moved["nested"], list) and isinstance(moved["nested"][1], tuple)
+    assert moved["nested"][0].dtype == moved["nested"][1][0].dtype == torch.bfloat16
+    assert moved["nested"][1][1] == "label" and moved["count"] == 3
+    assert isinstance(moved["pair"], Pair) and moved["pair"].weights.dtype == torch.bfloat16
+    kept = script.move_to_device(batch, torch.device("cpu"), None)
+    assert kept["nested"][0].dtype == torch.float32
+
+
+@pytest.mark.parametrize(
+    ("message", "expected"),
+    [
+        ("CUDA out of memory. Tried to allocate 20.00 MiB (GPU 0; 15.78 GiB total capacity)",
+         20 * 2**20),
+        ("Tried to allocate 1.50 GiB. GPU 0 has a total capacity of 79.15 GiB", 3 * 2**29),
+        ("[enforce fail at alloc_cpu.cpp:117] . DefaultCPUAllocator: can't allocate memory: you "
+         "tried to allocate 4294967296 bytes. Error code 12 (Cannot allocate memory)", 2**32),
+        ("something else entirely", None),
+    ],
+)
+def test_requested_bytes_are_read_from_the_allocators_message(
+    script: ModuleType, message: str, expected: int | None
+) -> None:
+    assert script.requested_bytes(message) == expected
+
+
+def test_out_of_memory_errors_are_recognized_also_when_wrapped(script: ModuleType) -> None:
+    assert script.is_out_of_memory(torch.OutOfMemoryError("CUDA out of memory."))
+    assert script.is_out_of_memory(MemoryError())
+    assert script.is_out_of_memory(
+        RuntimeError("DefaultCPUAllocator: not enough memory: you tried to allocate 8 bytes"))
+    try:
+        try:
+            raise MemoryError()
+        except MemoryError as inner:
+            raise ValueError("a recipe's own error") from inner
+    except ValueError as outer:
+        assert script.is_out_of_memory(outer)
+    assert not script.is_out_of_memory(RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
+    assert not script.is_out_of_memory(KeyError("idx"))
+
+
+def test_the_default_stream_is_a_function_of_its_index(script: ModuleType) -> None:
+    """Micro-batch i is the same whether the stream starts at 0 or resumes at i, differs per
+    rank, and drawing it leaves the training random state alone."""
+    recipe = SimpleNamespace(example_batch=lambda n: torch.randn(n, 3))
+    runtime = cpu_runtime(script)
+    state = torch.get_rng_state()
+    from_start = list(itertools.islice(script.synthetic_stream(recipe, 2, 0, runtime, 0), 5))
+    resumed = list(itertools.islice(script.synthetic_stream(recipe, 2, 0, runtime, 3), 2))
+    assert torch.equal(torch.get_rng_state(), state)
+    assert all(torch.equal(a, b) for a, b in zip(from_start[3:], resumed, strict=True))
+    assert not torch.equal(from_start[0], from_start[1])
+    other_rank = next(script.synthetic_stream(recipe, 2, 0, cpu_runtime(script, 1, 2), 0))
+    assert not torch.equal(from_start[0], other_rank)
+
+
+def test_a_one_shot_generator_is_refused_at_its_second_epoch(script: ModuleType) -> None:
+    loader = (torch.ones(1) for _ in range(2))
+    stream = script.loader_stream(loader, 0, cpu_runtime(script))
+    assert len([next(stream), next(stream)]) == 2
+    with pytest.raises(SystemExit, match="yielded no batch in epoch 1"):
+        next(stream)
+
+
+@pytest.mark.parametrize(
+    ("saved", "micro", "world", "skip", "warns"),
+    [
+        (None, 4, 1, 0, False),
+        ({"samples_per_rank": 48, "world_size": 1}, 4, 1, 12, False),  # same plan
+        ({"samples_per_rank": 48, "world_size": 1}, 8, 1, 6, False),  # larger micro-batch
+        ({"samples_per_rank": 24, "world_size": 2}, 2, 2, 12, False),  # 2 ranks
+        ({"samples_per_rank": 48, "world_size": 1}, 5, 1, 9, True),  # 48 is not 9 x 5
+    ],
+)
+def test_resume_position_is_kept_in_samples(
+    script: ModuleType, capsys: pytest.CaptureFixture, saved: dict | None, micro: int,
+    world: int, skip: int, warns: bool,
+) -> None:
+    checkpoint = None if saved is None else {
+        "data": {"samples_per_rank": saved["samples_per_rank"]}, "world_size": saved["world_size"]}
+    runtime = cpu_runtime(script, 0, world)
+    assert script.micro_batches_to_skip(checkpoint, {"micro_batch_size": micro}, runtime) == skip
+    assert ("resumes near" in capsys.readouterr().err) == warns
+
+
+def test_activation_checkpointing_without_wrap_modules_says_what_to_add(
+    script: ModuleType,
+) -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    with pytest.raises(SystemExit, match=r"defines no wrap_modules\(\)"):
+        script.apply_checkpointing(model, SimpleNamespace())
+    with pytest.raises(SystemExit, match="no module of wrap_modules"):
+        script.apply_checkpointing(model, SimpleNamespace(wrap_modules=lambda: (torch.nn.ReLU,)))
+
+
+def test_checkpoints_are_listed_by_step_and_pruned_to_the_newest(
+    script: ModuleType, tmp_path: Path
+) -> None:
+    for step in (2, 10, 4):
+        script.write_atomically({"step": step}, tmp_path / f"step_{step:08d}.pt")
+    (tmp_path / ".step_00000012.pt.abc.tmp").write_bytes(b"half")  # a killed writer's leftover
+    (tmp_path / "notes.txt").write_text("not a checkpoint")
+    assert [p.name for p in script.list_checkpoints(tmp_path)] == [
+        "step_00000002.pt", "step_00000004.pt", "step_00000010.pt"]
+    script.prune_checkpoints(tmp_path, keep=2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "notes.txt", "step_00000004.pt", "step_00000010.pt"]
+    assert script.list_checkpoints(tmp_path / "missing") == []
