@@ -159,10 +159,21 @@ def _plan(env: Environment, options: dict[str, Any], *, dry_run: bool = False
 
 @cli.command("plan")
 @plan_options
-def plan_command(as_json: bool, debug: bool, **options: Any) -> None:
+@click.option("--report", "report_path", type=click.Path(path_type=Path),
+              help="Also write the plan as an HTML page (a CI artifact).")
+def plan_command(as_json: bool, debug: bool, report_path: Path | None, **options: Any) -> None:
     """Dry run: estimate, choose a plan, show it. Starts nothing, spends nothing."""
     env = _env()
-    _spec, _info, result, _provider = _plan(env, options, dry_run=True)
+    spec, _info, result, _provider = _plan(env, options, dry_run=True)
+    if report_path is not None:
+        from launcher.report import plan_html
+        from launcher.runs import atomic_write
+
+        path = report_path if report_path.is_absolute() else env.cwd / report_path
+        try:
+            atomic_write(path, plan_html(result, f"{spec.script.name} on {spec.provider}"))
+        except OSError as exc:
+            raise UsageError(f"cannot write {path}: {exc.strerror}") from None
     if as_json:
         _print_json(env, {**result.to_dict(), "request": None})
     else:

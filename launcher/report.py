@@ -138,3 +138,41 @@ def format_log_line(line: str) -> str:
         return (f"{prefix}OUT OF MEMORY in {event.get('phase')} at step {event.get('step')} "
                 f"micro-step {event.get('micro_step')}: {event.get('message')}")
     return line
+
+
+_HTML_COLORS = ("#4a78c2", "#b05ab8", "#d9a520", "#4caf50", "#26a6b8", "#9e9e9e")
+
+
+def plan_html(result: PlanResult, title: str) -> str:
+    """The plan as a self-contained HTML page (CI artifact): the chosen plan's memory bar, every
+    candidate, the rejected options. Rendered by jinja2 with autoescaping: every value is text."""
+    import jinja2
+
+    env = jinja2.Environment(loader=jinja2.PackageLoader("launcher", "report_templates"),
+                             autoescape=True, undefined=jinja2.StrictUndefined)
+    chosen = result.chosen
+    parts, used, capacity = [], "?", "?"
+    if chosen is not None:
+        known = [(n, v) for n, v in memory_parts(chosen) if v is not None]
+        total = chosen.memory.total if chosen.memory.total is not None else sum(
+            v for _, v in known)
+        scale = max(chosen.memory.capacity or 0, total) or 1
+        parts = [{"name": n, "size": format_bytes(v), "percent": f"{100 * v / scale:.2f}",
+                  "color": c} for (n, v), c in zip(known, _HTML_COLORS, strict=False)]
+        used, capacity = format_bytes(total), format_bytes(chosen.memory.capacity)
+    rows = [{
+        "chosen": p is chosen, "strategy": p.strategy, "machine": p.machine,
+        "layout": f"{p.nodes} x {p.gpus_per_node}",
+        "batch": f"{p.micro_batch_size} x {p.grad_accum_steps}",
+        "ckpt": "yes" if p.activation_checkpointing else "no",
+        "states": format_bytes(p.memory.model_states), "total": format_bytes(p.memory.total),
+        "capacity": format_bytes(p.memory.capacity),
+        "fits": {True: "yes", False: "no", None: "?"}[p.fits],
+        "fits_class": {True: "yes", False: "no", None: ""}[p.fits],
+        "price": "-" if p.cost_per_hour_usd is None else f"{p.cost_per_hour_usd:.2f}",
+        "cost": "-" if p.total_cost_usd is None else f"{p.total_cost_usd:,.2f}",
+    } for p in result.plans]
+    return env.get_template("plan.html.j2").render(
+        title=title, parameters=format_count(result.parameters), source=result.source,
+        chosen=chosen, parts=parts, used=used, capacity=capacity, rows=rows,
+        rejected=result.rejected, notes=result.notes)

@@ -143,3 +143,17 @@ def test_pins_stay_pinned(cli, plain, gpt2_config):
                "--micro-batch-size", "64", "--json")
     assert data.status == ExitStatus.NO_PLAN_FITS
     assert all(p["micro_batch_size"] == 64 for p in data.json()["plans"])
+
+
+def test_html_report_escapes_and_shows_the_plan(cli, write_script, gpt2_config, tmp_path):
+    plain = write_script("print('x')\n", name="<img src=x onerror=alert(1)>.py")
+    report = tmp_path / "plan.html"
+    result = cli("plan", str(plain), "--provider", "vertex", "--machine", "g2-standard-8",
+                 "--model-config", str(gpt2_config), "--global-batch-size", "64",
+                 "--report", str(report))
+    assert result.status == 0, result.stderr
+    html = report.read_text()
+    assert "<img" not in html and "&lt;img src=x onerror=alert(1)&gt;.py" in html
+    assert "Chosen: single on 1 x 1 x g2-standard-8" in html
+    assert "gradient accumulation alone" in html
+    assert 'class="bar"' in html
