@@ -272,6 +272,57 @@ def _finish(env: Environment, out: Any, run: Any, status: ExitStatus, message: s
         raise SystemExit(status)
 
 
+@cli.command("explain")
+@click.argument("log")
+@click.option("--platform", type=click.Choice(["vertex", "sagemaker", "local"]),
+              help="Where the log comes from (a bare SIGKILL means host OOM on the clouds).")
+@common
+def explain_command(log: str, platform: str | None, as_json: bool, debug: bool) -> None:
+    """Read a training log (a file, or - for stdin): what failed, why, and what to change."""
+    from launcher.failures import explain_stream
+
+    env = _env()
+    try:
+        if log == "-":
+            stream = getattr(env.stdin, "buffer", None)
+            if stream is None:  # a text stream (tests): encode it back to bytes
+                import io
+
+                stream = io.BytesIO(env.stdin.read().encode("utf-8", errors="replace"))
+            diagnosis = explain_stream(stream, platform)
+        else:
+            path = Path(log) if Path(log).is_absolute() else env.cwd / log
+            if path.is_dir():
+                raise UsageError(f"{log} is a folder", "give a log file, or - for stdin")
+            with open(path, "rb") as handle:
+                diagnosis = explain_stream(handle, platform)
+    except FileNotFoundError:
+        raise UsageError(f"log not found: {log}", "give a log file, or - for stdin") from None
+    except PermissionError:
+        raise UsageError(f"cannot read {log}: permission denied") from None
+    data = diagnosis.to_dict()
+    if as_json:
+        _print_json(env, data)
+        return
+    from launcher.units import format_bytes
+
+    out = env.stdout
+    if data["failure"] == "none":
+        out.write("no failure found in the log\n")
+        return
+    where = f" on rank {data['rank']}" if data.get("rank") is not None else ""
+    line = f" (line {data['line']})" if data.get("line") else ""
+    out.write(f"failure: {data['failure']}{where}{line}; cause: {data['cause']}\n")
+    figures = [(k, data.get(k)) for k in ("requested_bytes", "capacity_bytes", "allocated_bytes",
+                                          "reserved_bytes", "free_bytes")]
+    shown = ", ".join(f"{k.removesuffix('_bytes')} {format_bytes(v)}" for k, v in figures
+                      if v is not None)
+    if shown:
+        out.write(f"figures: {shown}\n")
+    out.write(f"excerpt: {data['excerpt']}\n")
+    out.write(f"advice: {data['advice']}\n")
+
+
 @cli.command("machines")
 @click.option("--provider", envvar="LAUNCH_PROVIDER", default="vertex", show_default=True,
               help="Whose catalog: vertex or sagemaker.")

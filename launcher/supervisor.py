@@ -22,7 +22,11 @@ from launcher.runs import Attempt, Run
 from launcher.spec import Spec
 from launcher.status import ExitStatus
 
-#: Replanner: (failed plan, the oom event) -> (new plan, what changed and why), or None.
+MEMORY_FAILURES = ("gpu_oom", "host_oom")
+#: How long to wait for the templates' structured OOM line after the allocator's message.
+STOP_GRACE_S = 0.5
+
+#: Replanner: (failed plan, the diagnosis) -> (new plan, what changed and why), or None.
 Replanner = Callable[[Plan, dict[str, Any]], "tuple[Plan, str] | None"]
 
 
@@ -131,7 +135,7 @@ class Supervisor:
             self.on_note(f"attempt {number}: {plan.strategy} on {plan.machine}, micro-batch "
                          f"{plan.micro_batch_size} x {plan.grad_accum_steps} accumulation x "
                          f"{plan.world_size} process(es); job {job_id}")
-            progress = self.follow(attempt)
+            self.follow(attempt)
             if attempt.outcome == "success":
                 return RunOutcome(self.run, ExitStatus.SUCCESS, attempts)
             if attempt.outcome == "cancelled":
@@ -140,20 +144,32 @@ class Supervisor:
             if attempt.outcome != "oom":
                 return RunOutcome(self.run, ExitStatus.JOB_FAILED, attempts,
                                   f"attempt {number} failed: {attempt.summary.get('message')}")
-            fixed = self.replan(plan, progress.oom or {}) if self.replan else None
+            fixed = self.replan(plan, attempt.diagnosis or {}) if self.replan else None
             if fixed is None:
+                diagnosis = attempt.diagnosis or {}
                 return RunOutcome(self.run, ExitStatus.OUT_OF_MEMORY, attempts,
-                                  "out of memory, and no smaller plan is known")
+                                  f"out of memory (cause: {diagnosis.get('cause')}) and no "
+                                  f"change of micro-batch or checkpointing is left to try; "
+                                  f"{diagnosis.get('advice', '')}".rstrip("; "))
             plan, change = fixed
             self.on_note(f"replanned: {change}")
         return RunOutcome(self.run, ExitStatus.OUT_OF_MEMORY, attempts,
                           f"still out of memory after {spec.max_attempts} attempts")
 
-    def follow(self, attempt: Attempt, *, replay: bool = True) -> Progress:
-        """Stream the job's lines until it ends; stop it on the first out-of-memory event."""
+    def follow(self, attempt: Attempt) -> Progress:
+        """Stream the job's lines until it ends; stop it on the first out-of-memory line.
+
+        Every line goes through the failure classifier, so an OOM is caught whether or not the
+        templates' structured line reports it (a plain script, the kernel's OOM killer); the
+        structured line, when there is one, adds the phase, step and micro-batch.
+        """
+        from launcher.failures import LogWatcher
+
         assert attempt.job_id is not None
         progress = Progress()
+        watcher = LogWatcher(platform=self.provider.name)
         cursor: Any = None
+        seen_at: float | None = None
         stopped_at: float | None = None
         while True:
             status = self.provider.poll(attempt.job_id)
@@ -161,15 +177,20 @@ class Supervisor:
             for line in lines:
                 self.on_line(line)
                 event = parse_event(line)
-                if event is None:
-                    continue
-                progress.update(event)
-                if event.get("launch") == "oom" and stopped_at is None:
-                    stopped_at = time.monotonic()
-                    self.on_note(f"out of memory on rank {event.get('rank')} in "
-                                 f"{event.get('phase')} at step {event.get('step')}: "
-                                 "stopping the job")
-                    self.provider.stop(attempt.job_id)
+                if event is not None:
+                    progress.update(event)
+                first = watcher.feed(line)
+                if first is not None and first.failure in MEMORY_FAILURES and seen_at is None:
+                    seen_at = time.monotonic()
+                    where = f" on rank {first.rank}" if first.rank is not None else ""
+                    self.on_note(f"out of memory{where} ({first.failure}, cause "
+                                 f"{first.cause}): stopping the job")
+            # The allocator's message usually comes just before the template's structured line
+            # (phase, step, micro-batch); stop once that line is in, or after a short grace.
+            if seen_at is not None and stopped_at is None and (
+                    progress.oom is not None or time.monotonic() - seen_at > STOP_GRACE_S):
+                stopped_at = time.monotonic()
+                self.provider.stop(attempt.job_id)
             if status.terminal and not lines:
                 break
             if not lines:
@@ -177,15 +198,21 @@ class Supervisor:
         attempt.state = status.state
         attempt.exit_code = status.exit_code
         attempt.ended_at = time.time()
-        if progress.oom is not None:
+        if status.message:
+            watcher.feed(status.message)  # the platform's failure text: a second signal
+        diagnosis = watcher.result()
+        if progress.oom is not None or diagnosis.failure in MEMORY_FAILURES:
             attempt.outcome = "oom"
-            attempt.diagnosis = progress.oom
+            event = {k: v for k, v in (progress.oom or {}).items() if k != "launch"}
+            attempt.diagnosis = {**diagnosis.to_dict(), **event}
+            if seen_at is not None:
+                attempt.summary["stop_latency_s"] = round(time.monotonic() - seen_at, 3)
         elif status.state == "succeeded":
             attempt.outcome = "success"
         elif status.state == "cancelled":
             attempt.outcome = "cancelled"
         else:
             attempt.outcome = "failed"
-        attempt.summary = {**progress.summary(), "message": status.message}
+        attempt.summary = {**attempt.summary, **progress.summary(), "message": status.message}
         self.run.save_attempt(attempt)
         return progress

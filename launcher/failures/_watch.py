@@ -1,0 +1,469 @@
+"""Reading a log line by line: :class:`LogWatcher` keeps what it needs to find the root cause.
+
+It holds a bounded window of recent lines (the traceback an error ends, for its phase), the first
+findings of each kind, and at most one message still being joined across lines. Memory does not
+grow with the log.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections import deque
+from typing import Any
+
+from launcher.failures._anchors import anchor_hits
+from launcher.failures._clean import ANSI, Segment, segments, strip_prefixes, text_rank
+from launcher.failures._diagnosis import (
+    Diagnosis,
+    advice,
+    gpu_cause,
+    host_cause,
+)
+from launcher.failures._rules import (
+    GPU_OOM,
+    HOST_OOM,
+    OTHER,
+    SIGKILL,
+    Finding,
+    classify,
+    generic,
+    torch_message_complete,
+)
+from launcher.failures._sizes import Figures, torch_figures
+
+MAX_LINE = 1 << 20  # longer lines are cut down to the windows around what may matter
+CONTEXT_LINES = 48  # how far back a traceback is read for the phase
+AFTER_LINES = 30  # how far a chained traceback ("During handling ...") is read after an error
+JOIN_LINES = 3  # how many following lines a cut allocator message may continue on
+EXCERPT_CHARS = 600
+_KEEP = 64  # findings kept per kind: the root cause is among the first
+
+# Substrings that any line worth classifying contains (and the file scanner looks for). A line
+# without one of them is only context.
+LINE_PREFILTER = re.compile(
+    r"rror|RROR|xception|xit|XIT|[Kk]ill|KILL|Watchdog|imeout|timed out|SIG|[Ss]ignal|"
+    r"egmentation|reempt|REEMPT|Abort|ALLOC_FAILED|emory|EMORY|OOM|oom|Traceback|bad_alloc|"
+    r"\"launch\": ?\"(?:oom|done)\"|Fatal|FATAL|No space left|Errno|_STATUS_|[Aa]ssert|status of|"
+    r"non-zero|illegal|Broken pipe|Connection reset|reclaim|nterruption|xhausted|XHAUSTED|"
+    r"Bus error|ENOMEM|ENOSPC|quota|exited unexpectedly"
+)
+_PLATFORM = re.compile(
+    r"ml\.googleapis\.com|runcloudml|cloudml|aiplatform|workerpool\d|The replica |[Ss]age[Mm]aker|"
+    r"/opt/ml/|AlgorithmError|ExecuteUserScriptError|\balgo-\d+\b|cmle-training|Vertex AI|"
+    r"vertex-ai|vertex_ai"
+)
+MANAGED_PLATFORMS = frozenset({"vertex", "sagemaker", "cloudml", "aiplatform"})
+_CHAIN = re.compile(r"During handling of the above exception|The above exception was the direct")
+_NEW_MESSAGE = re.compile(
+    r"^(?:Traceback|File \"|During handling|The above exception|frame #|"
+    r"[\w.]*(?:Error|Exception|Warning)\b|\{)"
+)
+_TF_CPU = re.compile(r"device:CPU|cpu_bfc|\bon cpu\b|mklcpu", re.IGNORECASE)
+_SHM_TRACE = re.compile(r"/dev/shm|multiprocessing/(?:queues|reduction)|torch/multiprocessing/|"
+                        r"storage_share|share_memory_|DataLoader worker|_worker_loop")
+
+# Where in the training step an error was raised, read off its traceback (or the launcher's own
+# report). Listed by precedence: a traceback through optimizer.step() whose innermost frame runs a
+# forward (activation checkpointing recomputes one inside backward) is still about what the outer
+# frame was doing.
+PHASES: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("optimizer", re.compile(
+        r"exp_avg|torch/optim/|/optim/\w+\.py|\boptimi[sz]er\w*\.step\(|_multi_tensor_adam|"
+        r"_single_tensor_adam|_fused_adam|fused_adam|initialize_optimizer_states|_optimizer_step|"
+        r"optimizer_step\(|/zero/stage\w*\.py\", line \d+, in (?:step|_optimizer_step)|"
+        r"clip_grad_norm")),
+    ("init", re.compile(
+        r"DistributedDataParallel\(|FullyShardedDataParallel\(|\bFSDP\(|\bDDP\(|"
+        r"Parameter\(torch\.empty|torch\.empty\(|from_pretrained\(|"
+        r"\b(?:model|module|net)\w*\.(?:to|cuda)\(|load_state_dict\(|_sync_module_states|"
+        r"_sync_params_and_buffers|_verify_param_shape|deepspeed\.initialize\(|"
+        r"accelerator\.prepare\(|build_model\(|"
+        r"(?:model|modules|nn/|parallel|layers)[^\"]*\", line \d+, in __init__")),
+    ("checkpoint", re.compile(
+        r"torch\.save\(|save_checkpoint|/serialization\.py\", line \d+, in save|"
+        r"in save_state_dict|full_state_dict|consolidate_state_dict")),
+    ("backward", re.compile(
+        r"\.backward\(|\bin backward\b|torch/autograd/|_engine_run_backward|run_backward|"
+        r"\bin _backward|engine\.backward|manual_backward")),
+    ("eval", re.compile(
+        r"\bevaluat\w*\(|\bin evaluat\w*|\bin eval\w*\b|\bin validat\w*|validation_step|"
+        r"\beval_step|prediction_step|\bin predict\w*|\bvalidate\(|evaluation_loop|"
+        r"\bin test_step")),
+    ("forward", re.compile(
+        r"\bin forward\b|\bin _forward|\bin _call_impl|\bin _wrapped_call_impl|\bforward\(|"
+        r"training_step\(|\bin training_step|\bmodel\(|outputs?\s*=\s*(?:self\.)?model\w*\(")),
+    ("data", re.compile(
+        r"DataLoader|dataloader|_next_data|collate|__getitem__|_worker_loop|pin_memory|"
+        r"\.to\(device\)")),
+)
+_PHASE_RANK = {name: i for i, (name, _) in enumerate(PHASES)}
+_TEMPLATE_PHASES = {"setup", "resume", "data", "forward", "backward", "optimizer", "checkpoint",
+                    "eval", "init"}
+
+
+def phase_of(texts: list[str]) -> str | None:
+    """The phase the lines of one traceback point to, by the precedence of :data:`PHASES`."""
+    best: str | None = None
+    for text in texts:
+        for name, pattern in PHASES:
+            if best is not None and _PHASE_RANK[name] >= _PHASE_RANK[best]:
+                break
+            if pattern.search(text):
+                best = name
+                break
+    return best
+
+
+def cut_long_line(line: str) -> str:
+    """A line of a megabyte or more, cut down to the stretches around what may matter.
+
+    The cut keeps 2 KiB either side of each anchor hit (at most 64 of them), the same stretches
+    the file scanner keeps, so a message in the middle of a flattened log survives while the
+    memory kept stays bounded.
+    """
+    raw = line.encode("utf-8", "replace")
+    pieces: list[bytes] = []
+    last_end = 0
+    for hit in anchor_hits(raw):
+        if len(pieces) >= 64:
+            break
+        if hit < last_end:
+            continue
+        start, end = max(hit - 2048, last_end), min(hit + 2048, len(raw))
+        pieces.append(raw[start:end])
+        last_end = end
+    return " \u2026 ".join(p.decode("utf-8", "replace") for p in pieces)
+
+
+class LogWatcher:
+    """Classifies a log as it arrives, one line at a time.
+
+    ``feed`` returns a :class:`Diagnosis` the first time a memory failure is recognised (the
+    supervisor stops the job at once); ``result`` gives the best diagnosis of everything fed so
+    far: the root cause (the first genuine out-of-memory error, the launcher's own ``oom`` line
+    settling failure and phase), not the cascade after it.
+
+    ``platform`` is the provider the log comes from ("local", "vertex", "sagemaker"): on a managed
+    platform a bare SIGKILL / exit 137 is the kernel's out-of-memory kill (the platform reports its
+    own stops in words), on a local run it may be anything.
+    """
+
+    def __init__(self, platform: str | None = None) -> None:
+        self._platform = platform is not None and platform.lower() in MANAGED_PLATFORMS
+        self._platform_seen = False
+        self._lineno = 0
+        self._context: deque[tuple[int, int | None, str]] = deque(maxlen=CONTEXT_LINES)
+        self._oom: list[Finding] = []
+        self._events: list[Finding] = []
+        self._weak: Finding | None = None
+        self._others: dict[int, Finding] = {}
+        self._pending: Finding | None = None
+        self._pending_left = 0
+        self._pending_raw: list[str] = []
+        self._after: Finding | None = None
+        self._after_left = 0
+        self._after_chained = False
+        self._reported = False
+        self._done_line: int | None = None  # the first {"launch": "done"} line
+        self._ignored_until = 0  # "Exception ignored in ...": interpreter-shutdown noise
+
+    # -- input -----------------------------------------------------------------------------
+
+    def feed(self, line: str) -> Diagnosis | None:
+        """Take the next line; returns a Diagnosis the first time a memory failure shows."""
+        return self.feed_numbered(self._lineno + 1, line)
+
+    def feed_numbered(self, lineno: int, line: str) -> Diagnosis | None:
+        """Take line number ``lineno`` (1-based). Numbers may skip lines (the file scanner feeds
+        only the stretches around candidate lines); a skip ends any message being joined."""
+        if lineno != self._lineno + 1:
+            self._finish_pending()
+            self._after = None
+        self._lineno = lineno
+        if len(line) > MAX_LINE:
+            line = cut_long_line(line)
+        if not self._platform_seen and _PLATFORM.search(line):
+            self._platform_seen = True
+        hit = LINE_PREFILTER.search(line) is not None
+        if not hit and self._pending is None and self._after is None:
+            self._remember_context(lineno, line)
+            return None
+        first_new: Finding | None = None
+        for seg in segments(line):
+            if self._pending is not None and self._continue_pending(seg):
+                continue
+            if self._after is not None:
+                self._follow_after(seg)
+            finding = self._classify(seg, lineno) if hit else None
+            self._context.append((lineno, seg.rank, seg.text[:2000]))
+            if finding is None:
+                continue
+            self._record(finding)
+            if finding.is_oom and first_new is None:
+                first_new = finding
+        if first_new is not None and not self._reported:
+            self._reported = True
+            return self.result()
+        return None
+
+    def _remember_context(self, lineno: int, line: str) -> None:
+        if "\x1b" in line:
+            line = ANSI.sub("", line)
+        text, rank, _ = strip_prefixes(line.strip())
+        self._context.append((lineno, rank, text[:2000]))
+
+    # -- one message -----------------------------------------------------------------------
+
+    def _classify(self, seg: Segment, lineno: int) -> Finding | None:
+        if seg.event is not None:
+            return self._event_finding(seg, lineno)
+        text = seg.text
+        if text.startswith("Exception ignored in"):
+            # Python printing an exception it ignored (a destructor at interpreter exit): what
+            # follows is not the job failing.
+            self._ignored_until = lineno + 12
+            return None
+        rule, match, signature = classify(text)
+        rank = seg.rank if seg.rank is not None else text_rank(text)
+        if rule is None or match is None:
+            found = generic(text) if lineno > self._ignored_until else None
+            if found is None:
+                return None
+            signature, tier, start = found
+            return Finding(OTHER, tier, signature, text, lineno, rank, seg.host, start)
+        figures = rule.figures(text) if rule.figures is not None else Figures()
+        finding = Finding(rule.kind, rule.tier, signature, text, lineno, rank, seg.host,
+                          match.start(), figures, rule.cause)
+        if figures.impossible:
+            finding.kind, finding.tier = OTHER, 4
+            finding.signature = "impossible_allocation_size"
+        elif rule.signature in ("tensorflow_oom", "xla_resource_exhausted") and _TF_CPU.search(
+                text):
+            finding.kind = HOST_OOM
+        elif rule.signature == "disk_full" and any(
+                _SHM_TRACE.search(t) for _, _, t in self._context):
+            finding.kind, finding.tier, finding.cause = HOST_OOM, 0, "shared_memory"
+            finding.signature = "shm_exhausted"
+        elif rule.signature == "torch.OutOfMemoryError" and not torch_message_complete(text):
+            finding.complete = False
+        if finding.is_oom:
+            finding.phase = self._phase_before(finding)
+        return finding
+
+    def _event_finding(self, seg: Segment, lineno: int) -> Finding | None:
+        event = seg.event or {}
+        kind = event.get("launch")
+        if kind == "done":
+            if self._done_line is None:
+                self._done_line = lineno
+            return None
+        if kind != "oom":
+            return None
+        message = str(event.get("message") or "")
+        fig = torch_figures(message)
+        fig.requested = _int(event.get("requested_bytes"), fig.requested)
+        for name in ("allocated", "reserved", "capacity", "free"):
+            setattr(fig, name, _int(event.get(f"{name}_bytes"), getattr(fig, name)))
+        device = str(event.get("device") or "cuda").lower()
+        phase = event.get("phase") if event.get("phase") in _TEMPLATE_PHASES else None
+        finding = Finding(GPU_OOM if device != "cpu" else HOST_OOM, 0, "launch_oom_event",
+                          seg.text, lineno, seg.rank, seg.host, 0, fig, event=event)
+        finding.phase = phase
+        return finding
+
+    def _record(self, finding: Finding) -> None:
+        if finding.event is not None:
+            if len(self._events) < _KEEP:
+                self._events.append(finding)
+        elif finding.is_oom:
+            if len(self._oom) < _KEEP:
+                self._oom.append(finding)
+            if not finding.complete and self._pending is None:
+                self._pending, self._pending_left = finding, JOIN_LINES
+                self._pending_raw = [finding.text]
+            if finding.phase is None:
+                self._after, self._after_left, self._after_chained = finding, AFTER_LINES, False
+        elif finding.kind == SIGKILL:
+            if self._weak is None:
+                self._weak = finding
+        elif finding.tier not in self._others:
+            self._others[finding.tier] = finding
+
+    # -- messages over several lines ------------------------------------------------------
+
+    def _continue_pending(self, seg: Segment) -> bool:
+        """Join ``seg`` to the allocator message cut at the end of the previous line, if it reads
+        as its continuation. Returns True when ``seg`` was consumed."""
+        pending = self._pending
+        assert pending is not None
+        if seg.rank is not None and pending.rank is not None and seg.rank != pending.rank:
+            return False  # another rank's line interleaved: not this message
+        if _NEW_MESSAGE.match(seg.text) or "ried to allocate" in seg.text:
+            self._finish_pending()
+            return False
+        self._pending_raw.append(seg.text)
+        spaced = " ".join(self._pending_raw)
+        glued = "".join(self._pending_raw)
+        fig_spaced, fig_glued = torch_figures(spaced), torch_figures(glued)
+        # A terminal wraps mid-word ("total capa" / "city"); a logger wraps at spaces. Keep the
+        # reading that recovers more figures.
+        if fig_glued.count() > fig_spaced.count():
+            pending.text, pending.figures = glued, fig_glued
+        else:
+            pending.text, pending.figures = spaced, fig_spaced
+        self._pending_left -= 1
+        if torch_message_complete(pending.text) or self._pending_left <= 0:
+            self._finish_pending()
+        return True
+
+    def _finish_pending(self) -> None:
+        if self._pending is not None:
+            self._pending.complete = True
+        self._pending, self._pending_raw = None, []
+
+    def _follow_after(self, seg: Segment) -> None:
+        """Read the traceback chained after an error ("During handling of the above exception")
+        for its phase: a handler in an evaluation loop tells where the error happened."""
+        finding = self._after
+        assert finding is not None
+        self._after_left -= 1
+        if _CHAIN.search(seg.text):
+            self._after_chained = True
+        elif self._after_chained and finding.phase is None:
+            if seg.rank is None or finding.rank is None or seg.rank == finding.rank:
+                finding.phase = phase_of([seg.text])
+        if self._after_left <= 0 or finding.phase is not None:
+            self._after = None
+
+    def _phase_before(self, finding: Finding) -> str | None:
+        lines = [
+            text for lineno, rank, text in self._context
+            if lineno >= finding.line - CONTEXT_LINES
+            and (rank is None or finding.rank is None or rank == finding.rank)
+        ]
+        # Only the traceback this error ends: from its last "Traceback" header on.
+        for i in range(len(lines) - 1, -1, -1):
+            if lines[i].startswith("Traceback"):
+                lines = lines[i:]
+                break
+        return phase_of([*lines, finding.text])
+
+    # -- output ----------------------------------------------------------------------------
+
+    def result(self) -> Diagnosis:
+        """The root cause of everything fed so far."""
+        root = self._root()
+        if root is None:
+            note = "the run reported it finished" if self._done_line is not None else ""
+            return Diagnosis("none", None, advice=advice("none", None, None, "", ""), note=note)
+        return self._diagnose(root)
+
+    def _root(self) -> Finding | None:
+        if self._events:
+            return self._events[0]
+        if self._oom:
+            return self._oom[0]
+        others = dict(self._others)
+        if self._done_line is not None:
+            # The run reported it finished: errors after that (shutdown noise) are not a failure.
+            others = {t: f for t, f in others.items() if f.line < self._done_line}
+        candidates = [f for t, f in others.items() if t <= 2]
+        if candidates:
+            return min(candidates, key=lambda f: (f.tier, f.line))
+        late = [f for t, f in others.items() if t > 2]
+        if self._weak is not None:
+            late.append(self._weak)
+        return min(late, key=lambda f: (f.tier, f.line)) if late else None
+
+    def _diagnose(self, root: Finding) -> Diagnosis:
+        fig = dataclasses.replace(root.figures)
+        phase = root.phase
+        rank = root.rank
+        # The same failure, reported again (the launcher's oom line after PyTorch's message, a
+        # rank's error repeated in torchrun's summary): take the figures and phase it lacks.
+        for other in self._oom:
+            if other is root or other.kind != root.kind:
+                continue
+            if rank is not None and other.rank is not None and other.rank != rank:
+                continue
+            fig.fill_from(other.figures)
+            if phase is None and other.phase is not None and root.event is None:
+                phase = other.phase
+        if rank is None:
+            # A library's own line (NCCL's "host:pid:tid [dev]") names no rank; the same failure
+            # re-raised just after by one rank does.
+            near = {o.rank for o in self._oom if o is not root and o.kind == root.kind
+                    and root.line <= o.line <= root.line + CONTEXT_LINES and o.rank is not None}
+            if len(near) == 1:
+                rank = near.pop()
+        failure = root.kind
+        note = ""
+        signature = root.signature
+        cause: str | None
+        reason = ""
+        micro_batch = _int((root.event or {}).get("micro_batch_size"), None)
+        if failure == SIGKILL:
+            if self._platform or self._platform_seen:
+                failure, cause = HOST_OOM, "unknown"
+                note = ("killed by SIGKILL on a managed platform with no other error: the "
+                        "kernel's out-of-memory killer is what sends it there (the platform "
+                        "reports its own stops in words)")
+            else:
+                failure, cause = OTHER, None
+                note = ("killed by SIGKILL with no memory message; check `dmesg` for the "
+                        "kernel's OOM killer")
+        elif failure == GPU_OOM:
+            cause, reason = gpu_cause(fig, phase)
+        elif failure == HOST_OOM:
+            device = (root.event or {}).get("device")
+            cause = host_cause(signature, root.cause, phase, device)
+        else:
+            cause = None
+        if failure == OTHER:
+            fig = Figures(requested=fig.requested) if fig.requested is not None else Figures()
+        text = _excerpt(root)
+        return Diagnosis(
+            failure=failure,  # type: ignore[arg-type]
+            cause=cause,  # type: ignore[arg-type]
+            requested_bytes=fig.requested,
+            capacity_bytes=fig.capacity,
+            allocated_bytes=fig.allocated,
+            reserved_bytes=fig.reserved,
+            free_bytes=fig.free,
+            rank=rank,
+            line=root.line,
+            excerpt=text,
+            advice=advice(failure, cause, phase, signature, reason, micro_batch),
+            phase=phase,
+            signature=signature,
+            host=root.host,
+            note=note or root.note,
+        )
+
+
+def _int(value: Any, default: int | None) -> int | None:
+    if isinstance(value, bool):
+        return default
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return default
+
+
+_RUN = re.compile(r"(.)\1{11,}")
+
+
+def _excerpt(finding: Finding) -> str:
+    """The root-cause message, at most EXCERPT_CHARS, runs of one character (progress bars)
+    shortened."""
+    text = finding.text
+    if _RUN.search(text):
+        text = _RUN.sub(lambda m: m.group(1) * 3 + "\u2026", text)
+        return text if len(text) <= EXCERPT_CHARS else text[-EXCERPT_CHARS:]
+    if len(text) <= EXCERPT_CHARS:
+        return text
+    start = max(0, finding.start - 80)
+    end = start + EXCERPT_CHARS - 2
+    return ("\u2026" if start else "") + text[start:end] + ("\u2026" if end < len(text) else "")
