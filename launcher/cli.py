@@ -99,6 +99,8 @@ PLAN_OPTIONS: list[Callable[..., Any]] = [
     click.option("--max-attempts", type=int, envvar="LAUNCH_MAX_ATTEMPTS",
                  help="Attempts before giving up on out-of-memory (default 3)."),
     click.option("--budget", type=float, envvar="LAUNCH_BUDGET", help="Most USD to spend."),
+    click.option("--image", help="Training container image (cloud providers)."),
+    click.option("--timeout", help="Longest a cloud job may run, like 90m, 12h or 2d."),
     click.option("--memory-limit", callback=_size,
                  help="Local: cap each process's memory, like 2GiB (reproduces an OOM on CPU)."),
 ]
@@ -148,12 +150,21 @@ def _plan(env: Environment, options: dict[str, Any], *, dry_run: bool = False
             options[key] = env.cwd / options[key]
     name = options.get("provider") or "local"
     provider = None
+    provider_error = None
     if not (dry_run and name in PLANNED and name not in REGISTRY):
-        provider = get_provider(name, {**options, "python": env.python}, env.environ)
+        try:
+            provider = get_provider(name, {**options, "python": env.python}, env.environ)
+        except LaunchError as exc:
+            # A dry run still plans (the catalogs need no account); only the request is lost.
+            if not dry_run or name not in REGISTRY:
+                raise
+            provider_error = str(exc)
     info = inspect_script(options["script"], python=env.python, env=env.environ,
                           local=name == "local")
     spec = build_spec(options, info)
     result = preflight(spec, info)
+    if provider_error:
+        result.notes.append(f"no {name} request: {provider_error}")
     return spec, info, result, provider
 
 
@@ -174,14 +185,34 @@ def plan_command(as_json: bool, debug: bool, report_path: Path | None, **options
             atomic_write(path, plan_html(result, f"{spec.script.name} on {spec.provider}"))
         except OSError as exc:
             raise UsageError(f"cannot write {path}: {exc.strerror}") from None
+    request = _dry_request(env, spec, result, _provider)
     if as_json:
-        _print_json(env, {**result.to_dict(), "request": None})
+        _print_json(env, {**result.to_dict(), "request": request})
     else:
         from launcher.report import console, print_plan
 
         print_plan(console(env.stdout), result)
     if result.status != ExitStatus.SUCCESS:
         raise SystemExit(result.status)
+
+
+def _dry_request(env: Environment, spec: Any, result: Any, provider: Any) -> Any:
+    """The exact request a cloud provider would send for the chosen plan (torchx's dry run).
+
+    ``None`` for the local provider, when nothing fits, or when the request cannot be built
+    (a missing role or bucket): then a note says why, and the plan still stands.
+    """
+    from launcher.supervisor import build_job
+
+    if provider is None or spec.provider == "local" or result.chosen is None:
+        return None
+    run_path = env.state_dir / "runs" / "dry-run"
+    try:
+        job = build_job(spec, result.chosen, "dry-run", 1, run_path)
+        return provider.dryrun(job).to_dict()
+    except LaunchError as exc:
+        result.notes.append(f"no {spec.provider} request: {exc}")
+        return None
 
 
 @cli.command("run")
@@ -204,9 +235,15 @@ def run_command(as_json: bool, debug: bool, cancel_on_interrupt: bool, **options
     if result.chosen is None:
         raise LaunchError("no plan fits in memory (see the rejected options above)",
                           ExitStatus.NO_PLAN_FITS)
+    recorded = spec.to_dict()
+    if spec.provider != "local":  # resolved from the environment now; later shells may lack it
+        try:
+            recorded["region"] = provider.region
+        except (LaunchError, AttributeError):
+            pass
     run = Run.create(env.state_dir, _run_stem(spec.script),
                      {"script": str(spec.script), "provider": spec.provider,
-                      "spec": spec.to_dict(), "plan": result.to_dict()})
+                      "spec": recorded, "plan": result.to_dict()})
     echo = _echo(out, as_json)
     note = (lambda text: None) if as_json else (lambda text: out.print(f"[bold]launch:[/] {text}"))
     note(f"run {run.id} (state in {run.path})")
@@ -433,10 +470,10 @@ def logs_command(run_id: str | None, number: int | None, follow: bool, as_json: 
     job_id = chosen[-1].job_id
     cursor = None
     while True:
-        lines, cursor = provider.logs(job_id, cursor)
+        lines, cursor = provider.logs(job_id, cursor)  # a page at a time: read until empty
         for line in lines:
             env.stdout.write(line + "\n")
-        if not follow or (not lines and provider.poll(job_id).terminal):
+        if not lines and (not follow or provider.poll(job_id).terminal):
             break
         if not lines:
             time.sleep(0.2)

@@ -77,6 +77,8 @@ class Spec:
     max_attempts: int = 3
     budget: float | None = None
     memory_limit: int | None = None
+    image: str | None = None
+    timeout: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from launcher.events import parse_event
@@ -81,6 +82,24 @@ def _max(a: int | None, b: Any) -> int | None:
     return int(b) if a is None else max(a, int(b))
 
 
+def build_job(spec: Spec, plan: Plan, run_id: str, number: int, run_path: Path) -> Job:
+    """The job of one attempt, rendered but not written: ``launch plan`` shows its request."""
+    settings = TrainSettings(
+        recipe_file=str(spec.script.resolve()), mode=spec.mode,  # type: ignore[arg-type]
+        run_id=run_id, attempt=number, checkpoint_dir=str(run_path / "checkpoints"),
+        log_every=spec.log_every, checkpoint_every=spec.checkpoint_every, seed=spec.seed,
+        max_grad_norm=spec.max_grad_norm, weight_decay=spec.weight_decay,
+    )
+    rendered: RenderedJob = render(plan, settings)
+    attempt_dir = run_path / f"attempt-{number}"
+    return Job(
+        run_id=run_id, attempt=number, plan=plan, rendered=rendered,
+        job_dir=attempt_dir / "job", attempt_dir=attempt_dir,
+        checkpoint_dir=run_path / "checkpoints", code_dir=spec.script.resolve().parent,
+        memory_limit=spec.memory_limit, settings=spec.to_dict(),
+    )
+
+
 @dataclass
 class RunOutcome:
     run: Run
@@ -106,21 +125,9 @@ class Supervisor:
 
     def prepare(self, spec: Spec, plan: Plan, number: int) -> Job:
         """Render the plan into ``attempt-<n>/job`` and describe the job for the provider."""
-        settings = TrainSettings(
-            recipe_file=str(spec.script.resolve()), mode=spec.mode,  # type: ignore[arg-type]
-            run_id=self.run.id, attempt=number, checkpoint_dir=str(self.run.checkpoint_dir),
-            log_every=spec.log_every, checkpoint_every=spec.checkpoint_every, seed=spec.seed,
-            max_grad_norm=spec.max_grad_norm, weight_decay=spec.weight_decay,
-        )
-        rendered: RenderedJob = render(plan, settings)
-        attempt_dir = self.run.attempt_dir(number)
-        job_dir = attempt_dir / "job"
-        rendered.write(job_dir)
-        return Job(
-            run_id=self.run.id, attempt=number, plan=plan, rendered=rendered, job_dir=job_dir,
-            attempt_dir=attempt_dir, checkpoint_dir=self.run.checkpoint_dir,
-            code_dir=spec.script.resolve().parent, memory_limit=spec.memory_limit,
-        )
+        job = build_job(spec, plan, self.run.id, number, self.run.path)
+        job.rendered.write(job.job_dir)
+        return job
 
     def launch(self, spec: Spec, plan: Plan) -> RunOutcome:
         attempts: list[Attempt] = []

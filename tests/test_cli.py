@@ -82,10 +82,24 @@ def test_unknown_provider(cli, tiny_recipe):
     assert "unknown provider 'azure'" in result.stderr
 
 
-def test_cloud_provider_without_adapter_is_refused_not_stubbed(cli, tiny_recipe):
-    result = cli("--provider", "vertex", str(tiny_recipe))
+def test_cloud_provider_without_its_settings_is_one_line(cli, tiny_recipe):
+    environ = {"GOOGLE_CLOUD_PROJECT": "", "CLOUDSDK_AI_REGION": "", "LAUNCH_REGION": ""}
+    result = cli("--provider", "vertex", str(tiny_recipe), environ=environ)
     assert result.status == ExitStatus.USAGE
-    assert "vertex provider is not available" in result.stderr
+    assert result.stderr.count("\n") == 1 and "--region" in result.stderr
+
+
+def test_plan_shows_the_exact_sagemaker_request(cli, tiny_recipe):
+    result = cli("plan", str(tiny_recipe), "--provider", "sagemaker", "--json",
+                 "--machine", "ml.g5.xlarge", "--region", "us-east-1", "--bucket", "my-bucket",
+                 "--role", "arn:aws:iam::123456789012:role/R",
+                 environ={"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                          "AWS_EC2_METADATA_DISABLED": "true"})
+    assert result.status == 0, result.stderr
+    request = result.json()["request"]["create_training_job"]
+    assert request["ResourceConfig"]["InstanceType"] == "ml.g5.xlarge"
+    assert request["RoleArn"] == "arn:aws:iam::123456789012:role/R"
+    assert "testing" not in result.stdout  # no credentials in the request
 
 
 def test_global_batch_not_a_multiple_says_what_to_use(cli, tiny_recipe):

@@ -12,9 +12,13 @@ if TYPE_CHECKING:
 
 #: name -> "module:Class"; a module is imported only when its provider is used (cloud SDKs are
 #: slow to import and optional extras).
-REGISTRY = {"local": "launcher.providers.local:LocalProvider"}
+REGISTRY = {
+    "local": "launcher.providers.local:LocalProvider",
+    "sagemaker": "launcher.providers.sagemaker:SageMakerProvider",
+    "vertex": "launcher.providers.vertex:VertexProvider",
+}
 #: Providers the design names whose adapter is not in this version.
-PLANNED = ("vertex", "sagemaker")
+PLANNED: tuple[str, ...] = ()
 
 
 def get_provider(name: str, settings: dict[str, Any] | None = None,

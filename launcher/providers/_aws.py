@@ -1,0 +1,339 @@
+"""AWS plumbing for the SageMaker provider: sessions, clients, credentials, errors, image URIs.
+
+Kept apart from ``sagemaker.py`` so that the provider reads as SageMaker logic, and so that boto3
+(about half a second to import) is imported only inside these functions: `launch --help` and
+`launch plan` must not pay for it.
+
+Three rules that this module enforces for every AWS call the launcher makes:
+
+* **Endpoints come from the standard variables.** boto3 reads ``AWS_ENDPOINT_URL`` and
+  ``AWS_ENDPOINT_URL_<SERVICE>`` itself; we also read them from the ``environ`` the CLI was given
+  (tests and embedding callers pass their own), so the two cannot disagree.
+* **Retries and timeouts are explicit.** botocore's ``standard`` (or ``adaptive``) retry mode
+  retries throttling, 5xx and connection errors with jittered backoff; connect and read timeouts
+  are bounded, so a dead endpoint fails instead of hanging the supervisor.
+* **Missing credentials fail fast.** The default credential chain ends with the EC2 instance
+  metadata service; off EC2 that lookup can wait on an unroutable address. The chain is resolved
+  with a one-second metadata timeout, one attempt, and an overall deadline, so `launch` says what
+  to set within two seconds instead of hanging.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from launcher.status import ProviderError, UsageError
+
+#: The credential chain gets this long, all of it, before "no AWS credentials found".
+CREDENTIALS_DEADLINE_S = 1.5
+
+NO_CREDENTIALS = "no AWS credentials found"
+NO_CREDENTIALS_HINT = (
+    "set AWS_PROFILE or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, or run `aws sso login`"
+)
+
+#: Errors worth a describe-before-giving-up: the request may have reached the service.
+TRANSIENT_CODES = frozenset({
+    "Throttling", "ThrottlingException", "ThrottledException", "RequestThrottledException",
+    "TooManyRequestsException", "ProvisionedThroughputExceededException", "RequestLimitExceeded",
+    "SlowDown", "RequestTimeout", "RequestTimeoutException", "InternalFailure",
+    "InternalServerError", "ServiceUnavailable", "InternalError",
+})
+
+_REGION = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d+$")
+
+
+@dataclass(frozen=True)
+class ClientSettings:
+    """How every client is built: retry mode and attempts, and timeouts in seconds."""
+
+    retry_mode: str = "standard"        # "standard" or "adaptive" (client-side rate limiting)
+    max_attempts: int = 6               # botocore counts the first call as an attempt
+    connect_timeout_s: float = 5.0
+    read_timeout_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        if self.retry_mode not in ("standard", "adaptive"):
+            raise UsageError(f"unknown AWS retry mode {self.retry_mode!r}",
+                             "use standard or adaptive")
+        if self.max_attempts < 1:
+            raise UsageError(f"AWS max attempts must be at least 1, not {self.max_attempts}")
+
+
+class Aws:
+    """One boto3 session for one region, its clients, and a fast credentials check.
+
+    Built lazily by the provider: nothing here runs for a dry run.
+    """
+
+    def __init__(self, region: str, environ: Mapping[str, str], settings: ClientSettings):
+        import boto3
+        import botocore.session
+
+        self.region = region
+        self.environ = dict(environ)
+        self.settings = settings
+        core = botocore.session.Session()
+        # Where the injected environment names config files, use them (botocore would read
+        # os.environ only).
+        for variable, name in (("AWS_CONFIG_FILE", "config_file"),
+                               ("AWS_SHARED_CREDENTIALS_FILE", "credentials_file")):
+            if environ.get(variable):
+                core.set_config_variable(name, environ[variable])
+        # The instance metadata service: one attempt, one second (the smallest botocore
+        # accepts: it converts the timeout to an int).
+        core.set_config_variable("metadata_service_timeout", 1)
+        core.set_config_variable("metadata_service_num_attempts", 1)
+        if environ.get("AWS_EC2_METADATA_SERVICE_ENDPOINT"):
+            core.set_config_variable("ec2_metadata_service_endpoint",
+                                     environ["AWS_EC2_METADATA_SERVICE_ENDPOINT"])
+        kwargs: dict[str, Any] = {"botocore_session": core, "region_name": region}
+        if environ.get("AWS_ACCESS_KEY_ID") and environ.get("AWS_SECRET_ACCESS_KEY"):
+            kwargs.update(aws_access_key_id=environ["AWS_ACCESS_KEY_ID"],
+                          aws_secret_access_key=environ["AWS_SECRET_ACCESS_KEY"],
+                          aws_session_token=environ.get("AWS_SESSION_TOKEN") or None)
+        elif environ.get("AWS_PROFILE"):
+            kwargs["profile_name"] = environ["AWS_PROFILE"]
+        try:
+            self.session = boto3.Session(**kwargs)
+        except Exception as exc:  # ProfileNotFound and friends
+            raise ProviderError(f"AWS configuration: {exc}", NO_CREDENTIALS_HINT) from None
+        self._clients: dict[str, Any] = {}
+        self._lock = threading.Lock()
+        self._credentials_ok = False
+
+    def client(self, service: str) -> Any:
+        """A cached client with the retry and timeout settings, at the endpoint configured for
+        ``service`` in the environment (``AWS_ENDPOINT_URL_<SERVICE>`` / ``AWS_ENDPOINT_URL``)."""
+        with self._lock:
+            if service not in self._clients:
+                from botocore.config import Config
+
+                config = Config(
+                    retries={"mode": self.settings.retry_mode,
+                             "max_attempts": self.settings.max_attempts},
+                    connect_timeout=self.settings.connect_timeout_s,
+                    read_timeout=self.settings.read_timeout_s,
+                    tcp_keepalive=True,
+                )
+                endpoint = endpoint_url(service, self.environ)
+                self._clients[service] = self.session.client(
+                    service, region_name=self.region, config=config, endpoint_url=endpoint)
+            return self._clients[service]
+
+    def check_credentials(self) -> None:
+        """Raise ProviderError (exit 6) within ``CREDENTIALS_DEADLINE_S`` when the chain finds
+        nothing. The lookup runs in a daemon thread: a metadata service that neither answers
+        nor refuses cannot hold the launcher past the deadline."""
+        if self._credentials_ok:
+            return
+        found: list[Any] = []
+        failed: list[BaseException] = []
+
+        def resolve() -> None:
+            try:
+                credentials = self.session.get_credentials()
+                found.append(None if credentials is None else credentials.get_frozen_credentials())
+            except Exception as exc:  # a broken profile, an SSO token that expired ...
+                failed.append(exc)
+
+        thread = threading.Thread(target=resolve, name="aws-credentials", daemon=True)
+        thread.start()
+        thread.join(CREDENTIALS_DEADLINE_S)
+        if failed:
+            raise ProviderError(f"AWS credentials: {_one_line(failed[0])}",
+                                NO_CREDENTIALS_HINT) from None
+        if not found or found[0] is None or not found[0].access_key:
+            raise ProviderError(NO_CREDENTIALS, NO_CREDENTIALS_HINT)
+        self._credentials_ok = True
+
+
+def endpoint_url(service: str, environ: Mapping[str, str]) -> str | None:
+    """The endpoint the standard variables name for ``service`` (None: boto3's own choice).
+
+    The service part of the variable is the client name upper-cased, dashes to underscores
+    (``AWS_ENDPOINT_URL_SAGEMAKER``, ``AWS_ENDPOINT_URL_S3``, ``AWS_ENDPOINT_URL_LOGS``)."""
+    specific = environ.get("AWS_ENDPOINT_URL_" + service.upper().replace("-", "_"))
+    return specific or environ.get("AWS_ENDPOINT_URL") or None
+
+
+def resolve_region(explicit: str | None, environ: Mapping[str, str]) -> str:
+    """--region, else AWS_REGION / AWS_DEFAULT_REGION, else the profile's region."""
+    region = explicit or environ.get("AWS_REGION") or environ.get("AWS_DEFAULT_REGION")
+    if not region:
+        try:
+            import botocore.session
+
+            core = botocore.session.Session(profile=environ.get("AWS_PROFILE") or None)
+            if environ.get("AWS_CONFIG_FILE"):
+                core.set_config_variable("config_file", environ["AWS_CONFIG_FILE"])
+            region = core.get_config_variable("region")
+        except Exception:
+            region = None
+    if not region:
+        raise UsageError("no AWS region for SageMaker",
+                         "pass --region us-east-1 (or set AWS_REGION / LAUNCH_REGION)")
+    if not _REGION.match(region):
+        raise UsageError(f"{region!r} is not an AWS region name", "for example us-east-1")
+    return region
+
+
+def error_code(exc: BaseException) -> str:
+    """The service's error code of a botocore ClientError ("" for anything else)."""
+    response = getattr(exc, "response", None)
+    if isinstance(response, dict):
+        return str(response.get("Error", {}).get("Code", ""))
+    return ""
+
+
+def error_message(exc: BaseException) -> str:
+    response = getattr(exc, "response", None)
+    if isinstance(response, dict):
+        message = response.get("Error", {}).get("Message")
+        if message:
+            return str(message)
+    return _one_line(exc)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Throttling, a 5xx, or the connection: what botocore already retried, and what may have
+    happened after the request reached the service."""
+    from botocore.exceptions import ConnectionError as BotoConnectionError
+    from botocore.exceptions import HTTPClientError, ReadTimeoutError
+
+    if isinstance(exc, (BotoConnectionError, HTTPClientError, ReadTimeoutError)):
+        return True
+    if error_code(exc) in TRANSIENT_CODES:
+        return True
+    response = getattr(exc, "response", None)
+    status = (response or {}).get("ResponseMetadata", {}).get("HTTPStatusCode") \
+        if isinstance(response, dict) else None
+    return isinstance(status, int) and status >= 500
+
+
+def provider_error(exc: BaseException, doing: str) -> ProviderError:
+    """One line for a failed AWS call: what we were doing, what AWS said, what to do."""
+    from botocore.exceptions import (
+        EndpointConnectionError,
+        NoCredentialsError,
+        NoRegionError,
+        PartialCredentialsError,
+    )
+
+    if isinstance(exc, ProviderError):
+        return exc
+    if isinstance(exc, (NoCredentialsError, PartialCredentialsError)):
+        return ProviderError(NO_CREDENTIALS, NO_CREDENTIALS_HINT)
+    if isinstance(exc, NoRegionError):
+        return ProviderError("no AWS region", "pass --region or set AWS_REGION")
+    if isinstance(exc, EndpointConnectionError):
+        where = getattr(exc, "kwargs", {}).get("endpoint_url", "AWS")
+        return ProviderError(f"{doing}: cannot reach {where}",
+                             "check the network, the region and any AWS_ENDPOINT_URL variables")
+    code = error_code(exc)
+    message = error_message(exc)
+    if code in ("ExpiredToken", "ExpiredTokenException", "RequestExpired"):
+        return ProviderError(f"{doing}: the AWS credentials have expired",
+                             "refresh them (`aws sso login`, or new keys)")
+    if code in ("UnrecognizedClientException", "InvalidClientTokenId", "InvalidAccessKeyId",
+                "SignatureDoesNotMatch"):
+        return ProviderError(f"{doing}: AWS does not accept these credentials ({message})",
+                             NO_CREDENTIALS_HINT)
+    if code in ("AccessDenied", "AccessDeniedException"):
+        return ProviderError(f"{doing}: access denied ({message})",
+                             "the identity needs sagemaker:*TrainingJob*, s3:GetObject/PutObject "
+                             "on the bucket, logs:GetLogEvents/DescribeLogStreams and "
+                             "iam:PassRole on the role")
+    if code == "ResourceLimitExceeded":
+        return ProviderError(f"{doing}: SageMaker quota reached ({message})",
+                             "request more in Service Quotas (training job usage of the "
+                             "instance type) or choose another --machine")
+    if code in TRANSIENT_CODES:
+        return ProviderError(f"{doing}: AWS kept answering {code} after retries ({message})",
+                             "try again in a minute; aws_retry_mode = \"adaptive\" paces the calls")
+    if code:
+        return ProviderError(f"{doing}: {code}: {message}")
+    return ProviderError(f"{doing}: {_one_line(exc)}")
+
+
+def _one_line(exc: BaseException) -> str:
+    """The exception's text on one line (botocore's parameter errors span several)."""
+    text = " ".join(part.strip() for part in str(exc).splitlines() if part.strip())
+    return (text or type(exc).__name__)[:500]
+
+
+# -- training images ---------------------------------------------------------------------------
+#
+# What `sagemaker.image_uris.retrieve("pytorch", region, "2.8.0", py_version="py312",
+# instance_type=..., image_scope="training")` and, for SMP v2, ``retrieve("pytorch-smp", ...,
+# version="2.5.1", py_version="py311", container_version="cu124")`` return, written out here from
+# the SDK's data rather than importing it: `pip install sagemaker` (v3) pulls in pandas, pyarrow,
+# pyiceberg and s3fs, whose aiobotocore pins fight the boto3 this package uses.
+#
+# Source: github.com/aws/sagemaker-python-sdk @ a24812666d258d9d19c9a82d0c9385ca0bd3ba01,
+#   sagemaker-core/src/sagemaker/core/image_uri_config/pytorch.json ("training", version 2.8.0:
+#   repository pytorch-training, py312, the registries below),
+#   sagemaker-core/src/sagemaker/core/image_uri_config/pytorch-smp.json (alias 2.5.1 -> SMP
+#   2.8.0: repository smdistributed-modelparallel, py311, account 658645717510),
+#   sagemaker-core/src/sagemaker/core/image_uris.py (_format_tag: "<version>-gpu-<py>[-<cuda>]";
+#   SMP with PyTorch 2.5 uses container version cu124; ECR_URI_TEMPLATE
+#   "{registry}.dkr.{ecr hostname}/{repository}").
+
+PYTORCH_VERSION = "2.8.0"
+PYTORCH_PY = "py312"
+PYTORCH_REPOSITORY = "pytorch-training"
+PYTORCH_REGISTRIES = {
+    "af-south-1": "626614931356", "ap-east-1": "871362719292", "ap-east-2": "975050140332",
+    "ap-northeast-1": "763104351884", "ap-northeast-2": "763104351884",
+    "ap-northeast-3": "364406365360", "ap-south-1": "763104351884",
+    "ap-south-2": "772153158452", "ap-southeast-1": "763104351884",
+    "ap-southeast-2": "763104351884", "ap-southeast-3": "907027046896",
+    "ap-southeast-4": "457447274322", "ap-southeast-5": "550225433462",
+    "ap-southeast-6": "633930458069", "ap-southeast-7": "590183813437",
+    "ca-central-1": "763104351884", "ca-west-1": "204538143572",
+    "cn-north-1": "727897471807", "cn-northwest-1": "727897471807",
+    "eu-central-1": "763104351884", "eu-central-2": "380420809688",
+    "eu-north-1": "763104351884", "eu-south-1": "692866216735", "eu-south-2": "503227376785",
+    "eu-west-1": "763104351884", "eu-west-2": "763104351884", "eu-west-3": "763104351884",
+    "il-central-1": "780543022126", "me-central-1": "914824155844",
+    "me-south-1": "217643126080", "mx-central-1": "637423239942", "sa-east-1": "763104351884",
+    "us-east-1": "763104351884", "us-east-2": "763104351884",
+    "us-gov-east-1": "446045086412", "us-gov-west-1": "442386744353",
+    "us-west-1": "763104351884", "us-west-2": "763104351884",
+}
+SMP_PYTORCH_VERSION = "2.5.1"     # SMP v2.8.0
+SMP_PY = "py311"
+SMP_CUDA = "cu124"
+SMP_REPOSITORY = "smdistributed-modelparallel"
+SMP_REGISTRY = "658645717510"
+SMP_REGIONS = frozenset({
+    "ap-northeast-1", "ap-northeast-2", "ap-northeast-3", "ap-south-1", "ap-southeast-1",
+    "ap-southeast-2", "ca-central-1", "eu-central-1", "eu-north-1", "eu-west-1", "eu-west-2",
+    "eu-west-3", "sa-east-1", "us-east-1", "us-east-2", "us-west-1", "us-west-2",
+})
+
+
+def _ecr_host(region: str) -> str:
+    suffix = "amazonaws.com.cn" if region.startswith("cn-") else "amazonaws.com"
+    return f"ecr.{region}.{suffix}"
+
+
+def training_image(region: str, strategy: str) -> str:
+    """The AWS Deep Learning Container the job runs in: PyTorch training, or the SageMaker model
+    parallelism (SMP v2) image for ``smp_v2`` plans."""
+    if strategy == "smp_v2":
+        if region not in SMP_REGIONS:
+            raise UsageError(f"the SMP v2 image is not published in {region}",
+                             f"choose one of {', '.join(sorted(SMP_REGIONS))}, or pass an image")
+        tag = f"{SMP_PYTORCH_VERSION}-gpu-{SMP_PY}-{SMP_CUDA}"
+        return f"{SMP_REGISTRY}.dkr.{_ecr_host(region)}/{SMP_REPOSITORY}:{tag}"
+    account = PYTORCH_REGISTRIES.get(region)
+    if account is None:
+        raise UsageError(f"no PyTorch training image is published in {region}",
+                         "choose another --region, or pass an image")
+    tag = f"{PYTORCH_VERSION}-gpu-{PYTORCH_PY}"
+    return f"{account}.dkr.{_ecr_host(region)}/{PYTORCH_REPOSITORY}:{tag}"

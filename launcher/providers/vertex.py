@@ -1,0 +1,724 @@
+"""The Vertex AI provider: a CustomJob per attempt, followed through Cloud Logging, cancelled the
+moment a rank runs out of memory.
+
+What is sent (``dryrun``, pure; ``launch plan --provider vertex --json`` shows it):
+
+- a ``CustomJob`` in its REST JSON form (the body of ``projects.locations.customJobs.create``):
+  worker pool 0 is the primary node (one replica), pool 1 the other ``nodes - 1``; each runs the
+  prebuilt PyTorch training container (or ``image``) with a small bootstrap as its command;
+  ``baseOutputDirectory`` is the run's folder in the bucket, shared by all its attempts;
+  ``scheduling.disableRetries`` so an out-of-memory failure fails at once instead of being
+  restarted with the same plan; labels carry the run id and attempt number;
+- two archives staged to ``gs://BUCKET/PREFIX/staging/``, each named by its content hash, so the
+  user's code is uploaded once however many attempts and runs use it: ``code-<hash>.tar.gz``
+  (the script's folder, under ``code/``) and ``job-<hash>.tar.gz`` (``launch_train.py`` and
+  ``plan.json``, which differ per attempt).
+
+On the node, the bootstrap (:data:`BOOTSTRAP`) unpacks both archives, works out this node's place
+from ``CLUSTER_SPEC`` (which Vertex AI sets in every container; ``MASTER_ADDR``/``RANK`` as the
+prebuilt PyTorch images also set are the fallback) and execs ``torchrun``. It reads the archives
+through Cloud Storage FUSE (``/gcs/BUCKET/...``, mounted on every Vertex AI training node), with
+``google-cloud-storage`` (in the prebuilt images) as the fallback, so no gsutil or gcloud is
+needed in the image. Checkpoints go to ``/gcs/BUCKET/PREFIX/runs/RUN/checkpoints``: the same
+folder for every attempt of a run, so a resubmitted plan resumes (docs/providers/vertex.md).
+
+Following: ``get_custom_job`` for the state (state changes come out as ``[vertex]`` lines), Cloud
+Logging for the replicas' output (``resource.type="ml_job"``), read in timestamp order with a JSON
+cursor that de-duplicates by insertId, and the job's ``error.message`` as a last line, since a
+replica killed by the kernel's OOM killer prints nothing itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from dataclasses import dataclass, field, fields
+from datetime import UTC, datetime, timedelta
+from pathlib import Path, PurePosixPath
+from typing import Any, ClassVar
+
+from launcher.providers import _gcp
+from launcher.providers._gcp import LogCursor
+from launcher.providers.base import Job, JobStatus, Provider
+from launcher.render import PLAN_NAME
+from launcher.status import ProviderError, UsageError
+
+#: The prebuilt PyTorch GPU training image (Artifact Registry, per continent); ``image`` replaces
+#: it. See https://cloud.google.com/vertex-ai/docs/training/pre-built-containers
+DEFAULT_IMAGE = "{geo}-docker.pkg.dev/vertex-ai/training/pytorch-gpu.2-4.py310:latest"
+DEFAULT_PREFIX = "launch"
+#: Vertex AI's own default and maximum run time for a custom job is 7 days.
+DEFAULT_TIMEOUT_S = 7 * 24 * 3600
+LABEL_RUN, LABEL_ATTEMPT, LABEL_TOOL = "launch_run_id", "launch_attempt", "launched_by"
+JOB_NAME = re.compile(r"^projects/([^/]+)/locations/([^/]+)/customJobs/(\d+)$")
+#: Entries read from Cloud Logging per call at most; the cursor carries on from there.
+LOG_READ_LIMIT = 5000
+BUCKET_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]$")
+
+#: Runs on every node as ``python3 -c BOOTSTRAP <torchrun args>``: fetch the staged archives,
+#: find this node's rank, exec torchrun. Python 3.8+ and the standard library only (plus
+#: google-cloud-storage when /gcs is not mounted), so it runs in the prebuilt images and in most
+#: users' own.
+BOOTSTRAP = '''\
+import io, json, os, sys, tarfile, tempfile
+
+def fetch(uri):
+    bucket, _, name = uri[len("gs://"):].partition("/")
+    mounted = os.path.join("/gcs", bucket, name)
+    if os.path.isfile(mounted):  # Cloud Storage FUSE: Vertex AI mounts buckets under /gcs
+        with open(mounted, "rb") as f:
+            return f.read()
+    from google.cloud import storage
+    return storage.Client().bucket(bucket).blob(name).download_as_bytes()
+
+os.chdir(tempfile.mkdtemp(prefix="launch-"))
+for uri in os.environ["LAUNCH_STAGED"].split():
+    with tarfile.open(fileobj=io.BytesIO(fetch(uri)), mode="r:gz") as tar:
+        if hasattr(tarfile, "data_filter"):
+            tar.extraction_filter = tarfile.data_filter
+        tar.extractall()
+
+spec = json.loads(os.environ.get("CLUSTER_SPEC") or "{}")
+pools = spec.get("cluster", {})
+task = spec.get("task", {})
+primary, workers = pools.get("workerpool0", []), pools.get("workerpool1", [])
+nodes = len(primary) + len(workers) if primary else int(os.environ.get("WORLD_SIZE", "1"))
+if nodes > 1 and primary:
+    host, _, port = primary[0].rpartition(":")
+    rank = 0 if task.get("type") == "workerpool0" else 1 + int(task.get("index", 0))
+    port = os.environ.get("MASTER_PORT") or port
+elif nodes > 1:
+    host, port = os.environ["MASTER_ADDR"], os.environ.get("MASTER_PORT", "29500")
+    rank = int(os.environ["RANK"])
+if nodes > 1:
+    where = ["--nnodes", str(nodes), "--node_rank", str(rank),
+             "--master_addr", host, "--master_port", str(port)]
+else:
+    rank, where = 0, ["--standalone", "--nnodes", "1"]
+argv = [sys.executable, "-m", "torch.distributed.run"] + where + sys.argv[1:]
+print("launch: node %d of %d in %s: %s" % (rank, nodes, os.getcwd(), " ".join(argv[3:])),
+      flush=True)
+os.execv(sys.executable, argv)
+'''
+
+#: Vertex AI job states -> the launcher's.
+STATES = {
+    "JOB_STATE_UNSPECIFIED": "pending", "JOB_STATE_QUEUED": "pending",
+    "JOB_STATE_PENDING": "pending", "JOB_STATE_RUNNING": "running",
+    "JOB_STATE_UPDATING": "running", "JOB_STATE_PAUSED": "running",
+    "JOB_STATE_SUCCEEDED": "succeeded", "JOB_STATE_FAILED": "failed",
+    "JOB_STATE_EXPIRED": "failed", "JOB_STATE_PARTIALLY_SUCCEEDED": "failed",
+    "JOB_STATE_CANCELLING": "cancelled", "JOB_STATE_CANCELLED": "cancelled",
+}
+
+#: Short GPU names accepted in ``MACHINE+GPUxCOUNT`` -> Vertex AI's AcceleratorType.
+ACCELERATORS = {
+    "t4": "NVIDIA_TESLA_T4", "v100": "NVIDIA_TESLA_V100", "p100": "NVIDIA_TESLA_P100",
+    "p4": "NVIDIA_TESLA_P4", "k80": "NVIDIA_TESLA_K80", "l4": "NVIDIA_L4",
+    "a100": "NVIDIA_TESLA_A100", "a100-40gb": "NVIDIA_TESLA_A100",
+    "a100-80gb": "NVIDIA_A100_80GB", "h100": "NVIDIA_H100_80GB",
+    "h100-80gb": "NVIDIA_H100_80GB", "h100-mega": "NVIDIA_H100_MEGA_80GB",
+    "h200": "NVIDIA_H200_141GB", "b200": "NVIDIA_B200",
+}
+#: GPUs that attach to N1 machine types (the other GPU families come built into theirs).
+N1_ACCELERATORS = ("NVIDIA_TESLA_T4", "NVIDIA_TESLA_V100", "NVIDIA_TESLA_P100",
+                   "NVIDIA_TESLA_P4", "NVIDIA_TESLA_K80")
+N1_COUNTS = (1, 2, 4, 8)
+
+
+@dataclass(frozen=True)
+class Timing:
+    """How often to ask, how long to wait. Production defaults; tests set them near zero through
+    ``LAUNCH_VERTEX_<FIELD>`` environment variables (``LAUNCH_VERTEX_POLL_S=0`` ...)."""
+
+    #: Least time between two get_custom_job calls for one job (the supervisor loops every 0.2 s).
+    poll_s: float = 5.0
+    #: Least time between two Cloud Logging reads for one job: entries.list is limited to 60
+    #: requests a minute per project, shared by everything reading logs in it.
+    log_poll_s: float = 3.0
+    #: After a job ends, how long its log is still read for entries Cloud Logging has yet to show.
+    log_settle_s: float = 20.0
+    #: How far back each read starts before the newest entry already read (late entries).
+    log_overlap_s: float = 30.0
+    #: Each create / get / cancel / list call.
+    rpc_timeout_s: float = 30.0
+    #: Backoff of retried calls: the first wait, and the most time spent retrying one call.
+    retry_initial_s: float = 1.0
+    retry_deadline_s: float = 120.0
+
+    @classmethod
+    def from_environ(cls, environ: dict[str, str]) -> Timing:
+        values: dict[str, float] = {}
+        for f in fields(cls):
+            raw = environ.get(f"LAUNCH_VERTEX_{f.name.upper()}")
+            if raw:
+                try:
+                    values[f.name] = float(raw)
+                except ValueError:
+                    raise UsageError(f"LAUNCH_VERTEX_{f.name.upper()}={raw!r} is not a number of "
+                                     "seconds") from None
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class MachineSpec:
+    machine_type: str
+    accelerator_type: str | None
+    accelerator_count: int
+
+    def to_dict(self) -> dict[str, Any]:
+        spec: dict[str, Any] = {"machineType": self.machine_type}
+        if self.accelerator_type:
+            spec["acceleratorType"] = self.accelerator_type
+            spec["acceleratorCount"] = self.accelerator_count
+        return spec
+
+
+@dataclass(frozen=True)
+class VertexRequest:
+    """Exactly what ``schedule`` sends: the CustomJob's REST JSON (canonical proto3 JSON, so
+    ``CustomJob`` parses it strictly and prints it back unchanged), its parent, and the archives
+    staged before it."""
+
+    parent: str
+    custom_job: dict[str, Any]
+    staging: tuple[_gcp.StagedArchive, ...]
+    attempt_dir: str | None = field(default=None, compare=False)  # where request.json is kept
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"parent": self.parent, "customJob": self.custom_job,
+                "staging": [archive.to_dict() for archive in self.staging]}
+
+
+class VertexProvider(Provider):
+    name: ClassVar[str] = "vertex"
+
+    def __init__(self, *, project: str, region: str, bucket: str | None = None,
+                 prefix: str = DEFAULT_PREFIX, service_account: str | None = None,
+                 spot: bool = False, image: str | None = None,
+                 timeout_s: int = DEFAULT_TIMEOUT_S, environ: dict[str, str] | None = None,
+                 timing: Timing | None = None):
+        self.project = project
+        self.region = region
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+        self.service_account = service_account
+        self.spot = spot
+        self.image = image or DEFAULT_IMAGE.format(geo=_geo(region))
+        self.timeout_s = timeout_s
+        self.environ = dict(os.environ if environ is None else environ)
+        self.timing = timing or Timing.from_environ(self.environ)
+        self.vertex_endpoint = _gcp.parse_endpoint(self.environ.get("LAUNCH_VERTEX_ENDPOINT"))
+        self.logging_endpoint = _gcp.parse_endpoint(self.environ.get("LAUNCH_LOGGING_ENDPOINT"))
+        self.storage_emulator = self.environ.get("STORAGE_EMULATOR_HOST")
+        self._credentials: Any = None
+        self._job_clients: dict[str, Any] = {}
+        self._log_reader: Any = None
+        self._storage: Any = None
+        self._jobs: dict[str, tuple[float, Any]] = {}   # job name -> (monotonic time, CustomJob)
+        self._last_read: dict[str, float] = {}          # job name -> monotonic time of last read
+
+    # -- configuration ---------------------------------------------------------------------------
+
+    @classmethod
+    def from_settings(cls, settings: dict[str, Any], environ: dict[str, str] | None = None
+                      ) -> VertexProvider:
+        """Settings: project, region, bucket (``NAME`` or ``gs://NAME/PREFIX``), service_account,
+        spot, image, timeout (seconds, or ``90m``, ``12h``, ``2d``). Credentials never are: they
+        come from application-default credentials when the first call is made."""
+        environ = dict(os.environ if environ is None else environ)
+        bucket, prefix = None, DEFAULT_PREFIX
+        raw_bucket = settings.get("bucket") or environ.get("LAUNCH_BUCKET")
+        if raw_bucket:
+            bucket, prefix = parse_bucket(str(raw_bucket))
+        region = settings.get("region") or environ.get("LAUNCH_REGION") or environ.get(
+            "CLOUDSDK_AI_REGION")
+        if not region:
+            raise UsageError("no region for Vertex AI",
+                             "pass --region (e.g. us-central1) or set LAUNCH_REGION")
+        anonymous = _gcp.parse_endpoint(environ.get("LAUNCH_VERTEX_ENDPOINT")).anonymous
+        project = (settings.get("project") or environ.get("LAUNCH_PROJECT")
+                   or (None if anonymous else _gcp.default_project(environ)))
+        if not project:
+            raise UsageError("no Google Cloud project for Vertex AI",
+                             "pass --project or set LAUNCH_PROJECT (or GOOGLE_CLOUD_PROJECT)")
+        account = settings.get("service_account") or None
+        if account is not None and "@" not in account:
+            raise UsageError(f"service account {account!r} is not an email address",
+                             "pass --service-account NAME@PROJECT.iam.gserviceaccount.com")
+        timeout = settings.get("timeout") or environ.get("LAUNCH_VERTEX_TIMEOUT")
+        return cls(project=str(project), region=str(region), bucket=bucket, prefix=prefix,
+                   service_account=account, spot=bool(settings.get("spot")),
+                   image=settings.get("image") or environ.get("LAUNCH_VERTEX_IMAGE"),
+                   timeout_s=parse_duration(timeout) if timeout else DEFAULT_TIMEOUT_S,
+                   environ=environ)
+
+    @property
+    def parent(self) -> str:
+        return f"projects/{self.project}/locations/{self.region}"
+
+    # -- the request -------------------------------------------------------------------------
+
+    def dryrun(self, job: Job) -> VertexRequest:
+        """The CustomJob and the archives to stage, from local files only: no network, no
+        writes."""
+        plan = job.plan
+        if not self.bucket:
+            raise UsageError("no bucket for the code and checkpoints of a Vertex AI job",
+                             "pass --bucket NAME (a Cloud Storage bucket in the job's region)")
+        if plan.nodes < 1 or plan.gpus_per_node < 1:
+            raise UsageError(f"a plan of {plan.nodes} node(s) x {plan.gpus_per_node} GPU(s) "
+                             "cannot run")
+        machine = machine_spec(plan.machine, plan.gpus_per_node)
+        run_root = f"{self.prefix}/runs/{job.run_id}" if self.prefix else f"runs/{job.run_id}"
+        checkpoints = f"/gcs/{self.bucket}/{run_root}/checkpoints"
+        staging = f"gs://{self.bucket}/{self.prefix + '/' if self.prefix else ''}staging"
+
+        code_members = _gcp.folder_members(job.code_dir, "code")
+        entry = self._entrypoint(job)
+        files = dict(job.rendered.files)
+        if PLAN_NAME in files:
+            files[PLAN_NAME] = _rewrite_plan(files[PLAN_NAME], job, checkpoints)
+        job_members = _gcp.text_members(files)
+        code_hash = _gcp.content_hash(code_members)
+        job_hash = _gcp.content_hash(job_members)
+        archives = (
+            _gcp.StagedArchive(uri=f"{staging}/code-{code_hash[:32]}.tar.gz", sha256=code_hash,
+                               members=tuple(code_members), source=str(job.code_dir)),
+            _gcp.StagedArchive(uri=f"{staging}/job-{job_hash[:32]}.tar.gz", sha256=job_hash,
+                               members=tuple(job_members),
+                               source=f"{', '.join(sorted(files))} of attempt {job.attempt}"),
+        )
+        env = {
+            **job.rendered.env,
+            "LAUNCH_CHECKPOINT_DIR": checkpoints,
+            "LAUNCH_PLAN": PLAN_NAME,
+            "LAUNCH_RUN_ID": job.run_id,
+            "LAUNCH_ATTEMPT": str(job.attempt),
+            "LAUNCH_STAGED": " ".join(a.uri for a in archives),
+            "PYTHONUNBUFFERED": "1",
+            # torchrun's --tee prefix with the global rank ("[rank9]:"), not the local one.
+            "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "[rank${rank}]:",
+        }
+        container = {
+            "imageUri": self.image,
+            "command": ["python3", "-c", BOOTSTRAP],
+            "args": ["--nproc_per_node", str(plan.gpus_per_node), "--tee", "3", entry],
+            "env": [{"name": k, "value": v} for k, v in sorted(env.items())],
+        }
+        pools = [{"machineSpec": machine.to_dict(), "replicaCount": "1",
+                  "containerSpec": container}]
+        if plan.nodes > 1:
+            pools.append({"machineSpec": machine.to_dict(), "replicaCount": str(plan.nodes - 1),
+                          "containerSpec": json.loads(json.dumps(container))})
+        scheduling: dict[str, Any] = {"timeout": f"{self.timeout_s}s", "disableRetries": True}
+        if self.spot:
+            scheduling["strategy"] = "SPOT"
+        spec: dict[str, Any] = {
+            "workerPoolSpecs": pools,
+            "scheduling": scheduling,
+            "baseOutputDirectory": {"outputUriPrefix": f"gs://{self.bucket}/{run_root}"},
+        }
+        if self.service_account:
+            spec["serviceAccount"] = self.service_account
+        custom_job = {
+            "displayName": f"launch-{job.run_id}-attempt-{job.attempt}"[:128],
+            "jobSpec": spec,
+            "labels": {LABEL_RUN: _gcp.label_value(job.run_id), LABEL_ATTEMPT: str(job.attempt),
+                       LABEL_TOOL: "launch"},
+        }
+        return VertexRequest(parent=self.parent, custom_job=custom_job, staging=archives,
+                             attempt_dir=str(job.attempt_dir))
+
+    @staticmethod
+    def _entrypoint(job: Job) -> str:
+        """The script torchrun starts, relative to the unpacked job folder."""
+        entry = job.rendered.entrypoint
+        if entry in job.rendered.files:
+            return entry
+        path = Path(entry)
+        path = path if path.is_absolute() else job.code_dir / path
+        try:
+            relative = path.resolve().relative_to(job.code_dir.resolve())
+        except ValueError:
+            raise UsageError(f"the script {path} is outside its code folder {job.code_dir}",
+                             "keep the script in the folder that is staged") from None
+        return str(PurePosixPath("code", relative.as_posix()))
+
+    # -- sending -----------------------------------------------------------------------------
+
+    def schedule(self, request: VertexRequest) -> str:  # type: ignore[override]
+        """Stage what is missing, then create the job; return its resource name."""
+        self._stage(request.staging)
+        if request.attempt_dir:
+            _write_json(Path(request.attempt_dir) / "request.json", request.to_dict())
+        job = self._create(request)
+        if request.attempt_dir:
+            _write_json(Path(request.attempt_dir) / "job.json",
+                        {"name": job.name, "console": console_url(job.name, self.project)})
+        self._jobs[job.name] = (time.monotonic(), job)
+        return str(job.name)
+
+    def _stage(self, archives: tuple[_gcp.StagedArchive, ...]) -> None:
+        bucket = self.bucket or ""
+        with _gcp.translating(f"staging the code to gs://{bucket}"):
+            client = self._storage_client()
+            if client.lookup_bucket(bucket, timeout=self.timing.rpc_timeout_s) is None:
+                raise ProviderError(
+                    f"the bucket gs://{bucket} does not exist",
+                    f"create it with `gcloud storage buckets create gs://{bucket} "
+                    f"--location={self.region}`, or pass another --bucket")
+            for archive in archives:
+                _gcp.stage(client, archive, self.timing.rpc_timeout_s)
+
+    def _create(self, request: VertexRequest) -> Any:
+        """create_custom_job, retried on transient errors; before each retry, look the job up by
+        its labels, since the failed call may have created it (create is not idempotent)."""
+        from google.cloud.aiplatform_v1.types import CustomJob
+        from google.protobuf import json_format
+
+        body = CustomJob()
+        json_format.ParseDict(request.custom_job, CustomJob.pb(body))
+        labels = request.custom_job["labels"]
+        sent = False
+
+        def once() -> Any:
+            nonlocal sent
+            if sent:
+                found = self._find(request.parent, labels)
+                if found is not None:
+                    return found
+            sent = True
+            return client.create_custom_job(parent=request.parent, custom_job=body, retry=None,
+                                            timeout=self.timing.rpc_timeout_s)
+
+        with _gcp.translating("creating the Vertex AI custom job"):
+            client = self._job_client(self.region)
+            return _gcp.call_with(self._retry(reads=False), once)
+
+    def _find(self, parent: str, labels: dict[str, str]) -> Any:
+        """The job this run and attempt already created, if any (the newest)."""
+        query = " AND ".join(f'labels.{key}="{labels[key]}"' for key in (LABEL_RUN, LABEL_ATTEMPT))
+        pager = self._job_client(self.region).list_custom_jobs(
+            request={"parent": parent, "filter": query}, retry=self._retry(reads=True),
+            timeout=self.timing.rpc_timeout_s)
+        found = list(pager)
+        return max(found, key=lambda job: job.create_time) if found else None
+
+    def _retry(self, reads: bool) -> Any:
+        return _gcp.retry_policy(reads=reads, initial=self.timing.retry_initial_s,
+                                 deadline=self.timing.retry_deadline_s)
+
+    # -- following ---------------------------------------------------------------------------
+
+    def poll(self, job_id: str) -> JobStatus:
+        job = self._get(job_id)
+        mapped = STATES.get(job.state.name, "running")
+        message = job.error.message if job.error and job.error.message else ""
+        if not message and mapped == "cancelled":
+            message = "cancelled"
+        return JobStatus(state=mapped, exit_code=None, message=message)
+
+    def _get(self, job_id: str, fresh: bool = False) -> Any:
+        """The job, from a cache at most ``poll_s`` old (the supervisor asks five times a
+        second; Vertex AI's read quota is per minute). An ended job never changes again."""
+        _project, location, _number = parse_job_name(job_id)
+        cached = self._jobs.get(job_id)
+        if cached and not fresh:
+            ended = STATES.get(cached[1].state.name) in ("succeeded", "failed")
+            if ended or time.monotonic() - cached[0] < self.timing.poll_s:
+                return cached[1]
+        with _gcp.translating(f"reading the Vertex AI job {job_id}"):
+            job = self._job_client(location).get_custom_job(
+                name=job_id, retry=self._retry(reads=True), timeout=self.timing.rpc_timeout_s)
+        self._jobs[job_id] = (time.monotonic(), job)
+        return job
+
+    def logs(self, job_id: str, cursor: Any = None) -> tuple[list[str], dict[str, Any]]:
+        """New lines since ``cursor``: state changes, the replicas' output, and at the end the
+        job's error. After the job ends its log is read until ``log_settle_s`` has passed since
+        the end with nothing new (Cloud Logging shows entries seconds after they are written), so
+        a follower that stops at the first empty answer after a terminal state loses nothing."""
+        state = LogCursor.load(cursor)
+        job = self._get(job_id)
+        lines = self._state_lines(job_id, job, state)
+        if state.finished:
+            return lines, state.to_json()
+        terminal = STATES.get(job.state.name) in ("succeeded", "failed", "cancelled")
+        if not terminal and (time.monotonic() - self._last_read.get(job_id, -1e9)
+                             < self.timing.log_poll_s):
+            return lines, state.to_json()
+        records = self._read(job_id, job, state)
+        ended = _utc(job.end_time) or _utc(job.update_time) or datetime.now(UTC)
+        while terminal and not records and (
+                datetime.now(UTC) - ended).total_seconds() < self.timing.log_settle_s:
+            time.sleep(max(0.05, min(self.timing.log_poll_s, self.timing.log_settle_s)))
+            job = self._get(job_id)  # CANCELLING becomes CANCELLED meanwhile
+            records = self._read(job_id, job, state)
+        lines += [line for record in records for line in _gcp.record_lines(record)]
+        if terminal and not records:
+            # Ended, and nothing new for the whole settling time: say how it ended, once.
+            state.finished, state.state = True, job.state.name
+            number = parse_job_name(job_id)[2]
+            lines.append(f"[vertex] job {number} ended: {job.state.name}")
+            if job.error and job.error.message:
+                lines.append(f"[vertex] job {number} error: {job.error.message}")
+        return lines, state.to_json()
+
+    def _state_lines(self, job_id: str, job: Any, state: LogCursor) -> list[str]:
+        """A line when the job's state changed since this follower last looked: progress."""
+        name = job.state.name
+        if state.state == name:
+            return []
+        before, state.state = state.state, name
+        number = parse_job_name(job_id)[2]
+        if before is None:
+            return [f"[vertex] job {number}: {name} ({console_url(job_id, self.project)})"]
+        return [f"[vertex] job {number}: {before} -> {name}"]
+
+    def _read(self, job_id: str, job: Any, state: LogCursor) -> list[_gcp.LogRecord]:
+        number = parse_job_name(job_id)[2]
+        # The first read starts at the job's creation (less a minute for clock skew); Cloud
+        # Logging would otherwise search the project's whole retention.
+        created = (_utc(job.create_time) or datetime.now(UTC)) - timedelta(minutes=1)
+        lower = state.lower_bound(created, self.timing.log_overlap_s)
+        query = (f'resource.type="ml_job" AND resource.labels.job_id="{number}" '
+                 f'AND timestamp>="{_gcp.rfc3339(lower)}"')
+        with _gcp.translating(f"reading the log of Vertex AI job {number}"):
+            records = self._logs_reader().read(query, LOG_READ_LIMIT)
+        self._last_read[job_id] = time.monotonic()
+        return state.accept(records, self.timing.log_overlap_s,
+                            cut=len(records) >= LOG_READ_LIMIT)
+
+    def stop(self, job_id: str) -> None:
+        """cancel_custom_job; a job that has already ended is left as it is."""
+        from google.api_core import exceptions as gexc
+
+        _project, location, _number = parse_job_name(job_id)
+        with _gcp.translating(f"cancelling the Vertex AI job {job_id}"):
+            try:
+                self._job_client(location).cancel_custom_job(
+                    name=job_id, retry=self._retry(reads=True),
+                    timeout=self.timing.rpc_timeout_s)
+            except (gexc.FailedPrecondition, gexc.BadRequest):
+                # Vertex AI refuses to cancel a job that has ended: nothing left to stop.
+                job = self._get(job_id, fresh=True)
+                if STATES.get(job.state.name) not in ("succeeded", "failed", "cancelled"):
+                    raise
+        self._jobs.pop(job_id, None)
+
+    # -- clients -----------------------------------------------------------------------------
+
+    def _creds(self, anonymous: bool) -> Any:
+        if anonymous:
+            return _gcp.load_credentials(self.environ, anonymous=True)
+        if self._credentials is None:
+            self._credentials = _gcp.load_credentials(self.environ, anonymous=False)
+        return self._credentials
+
+    def _job_client(self, location: str) -> Any:
+        client = self._job_clients.get(location)
+        if client is not None:
+            return client
+        from google.api_core.client_options import ClientOptions
+        from google.cloud.aiplatform_v1.services.job_service import JobServiceClient
+
+        endpoint = self.vertex_endpoint
+        if endpoint.kind == "grpc":
+            import grpc
+            from google.cloud.aiplatform_v1.services.job_service.transports import (
+                JobServiceGrpcTransport,
+            )
+
+            client = JobServiceClient(transport=JobServiceGrpcTransport(
+                channel=grpc.insecure_channel(endpoint.address)))
+        elif endpoint.kind == "rest":
+            client = JobServiceClient(transport="rest", credentials=self._creds(True),
+                                      client_options=ClientOptions(api_endpoint=endpoint.address))
+        else:
+            # Vertex AI answers for a region only at that region's endpoint.
+            address = endpoint.address or f"{location}-aiplatform.googleapis.com"
+            client = JobServiceClient(credentials=self._creds(False),
+                                      client_options=ClientOptions(api_endpoint=address))
+        self._job_clients[location] = client
+        return client
+
+    def _logs_reader(self) -> _gcp.LogReader:
+        if self._log_reader is None:
+            endpoint = self.logging_endpoint
+            self._log_reader = _gcp.LogReader(
+                self.project, endpoint, self._creds(endpoint.anonymous),
+                _gcp.retry_policy(reads=True, initial=self.timing.retry_initial_s,
+                                  deadline=self.timing.retry_deadline_s),
+                self.timing.rpc_timeout_s)
+        return self._log_reader
+
+    def _storage_client(self) -> Any:
+        if self._storage is None:
+            from google.cloud import storage
+
+            if self.storage_emulator:
+                host = self.storage_emulator
+                host = host if host.startswith("http") else f"http://{host}"
+                self._storage = storage.Client(project=self.project,
+                                               credentials=self._creds(True),
+                                               client_options={"api_endpoint": host})
+            else:
+                self._storage = storage.Client(project=self.project,
+                                               credentials=self._creds(False))
+        return self._storage
+
+
+# -- helpers -----------------------------------------------------------------------------------
+
+def machine_spec(machine: str, gpus_per_node: int) -> MachineSpec:
+    """The machineSpec of a plan's machine: a catalog name (``a2-ultragpu-8g``,
+    ``n1-standard-8+t4x1``), or ``MACHINE_TYPE+GPUxCOUNT`` for a combination the catalog does not
+    list, checked against what the machine type can take."""
+    from launcher.plan.catalog import load_catalog
+
+    catalog = load_catalog("vertex")
+    if machine in catalog:
+        row = catalog.get(machine)
+        spec = MachineSpec(row.machine_type or row.name, row.accelerator_type, row.gpu_count)
+    else:
+        spec = _parse_machine(machine)
+        _check_accelerator(spec, catalog)
+    if spec.accelerator_type and gpus_per_node > spec.accelerator_count:
+        raise UsageError(f"{machine} has {spec.accelerator_count} GPU(s), the plan runs "
+                         f"{gpus_per_node} processes per node",
+                         "pass --gpus-per-node at most the machine's GPU count")
+    return spec
+
+
+def _parse_machine(machine: str) -> MachineSpec:
+    machine_type, plus, gpus = machine.strip().partition("+")
+    if not plus:
+        return MachineSpec(machine_type, None, 0)
+    match = re.fullmatch(r"(.+?)x(\d+)", gpus)
+    if match is None:
+        raise UsageError(f"cannot read the GPUs of machine {machine!r}",
+                         "write MACHINE_TYPE+GPUxCOUNT, e.g. n1-standard-8+t4x1")
+    name, count = match.group(1), int(match.group(2))
+    accelerator = ACCELERATORS.get(name.lower(), name.upper())
+    return MachineSpec(machine_type, accelerator, count)
+
+
+def _check_accelerator(spec: MachineSpec, catalog: Any) -> None:
+    """Refuse what Vertex AI would refuse anyway, minutes later and in less plain words."""
+    from google.cloud.aiplatform_v1.types import AcceleratorType
+
+    fixed = {(m.accelerator_type, m.gpu_count) for m in catalog
+             if (m.machine_type or m.name) == spec.machine_type}
+    family = spec.machine_type.split("-")[0]
+    if spec.accelerator_type is None:
+        if fixed and all(acc for acc, _ in fixed):
+            acc, count = sorted(fixed, key=str)[0]
+            raise UsageError(f"machine type {spec.machine_type} comes with {count} x {acc}",
+                             f"use the catalog name {spec.machine_type}")
+        return
+    if spec.accelerator_type not in AcceleratorType.__members__:
+        raise UsageError(f"unknown accelerator type {spec.accelerator_type!r}",
+                         f"use one of {', '.join(sorted(set(ACCELERATORS)))}, or a Vertex AI "
+                         "AcceleratorType name")
+    if family == "n1":
+        if spec.accelerator_type not in N1_ACCELERATORS:
+            raise UsageError(
+                f"machine type {spec.machine_type} cannot take {spec.accelerator_type}",
+                f"N1 machines take {', '.join(N1_ACCELERATORS)}; "
+                "`launch machines --provider vertex` lists the combinations")
+        if spec.accelerator_count not in N1_COUNTS:
+            raise UsageError(f"{spec.accelerator_count} GPUs cannot attach to an N1 machine",
+                             f"attach {', '.join(map(str, N1_COUNTS))} GPUs")
+        return
+    if fixed:
+        if (spec.accelerator_type, spec.accelerator_count) not in fixed:
+            acc, count = sorted(fixed, key=str)[0]
+            raise UsageError(
+                f"machine type {spec.machine_type} cannot take {spec.accelerator_count} x "
+                f"{spec.accelerator_type}; it comes with {count} x {acc}",
+                f"use the catalog name {spec.machine_type}")
+        return
+    raise UsageError(
+        f"machine type {spec.machine_type} cannot take {spec.accelerator_type}",
+        "GPUs attach to N1 machine types, or come built into A2, A3, A4 and G2 ones; "
+        "`launch machines --provider vertex` lists them")
+
+
+def parse_bucket(value: str) -> tuple[str, str]:
+    """``NAME`` or ``gs://NAME/PREFIX`` -> (name, prefix); the prefix defaults to ``launch``."""
+    text = value.strip().removeprefix("gs://").strip("/")
+    name, _, prefix = text.partition("/")
+    if not BUCKET_NAME.fullmatch(name) or ".." in name:
+        raise UsageError(f"{value!r} is not a Cloud Storage bucket name",
+                         "pass --bucket NAME or gs://NAME/PREFIX")
+    return name, prefix.strip("/") or DEFAULT_PREFIX
+
+
+def parse_duration(value: Any) -> int:
+    """Seconds, or a number with s, m, h or d."""
+    text = str(value).strip().lower()
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([smhd]?)", text)
+    if match is None:
+        raise UsageError(f"timeout {value!r} is not a duration", "write e.g. 3600, 90m, 12h, 2d")
+    seconds = float(match.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[
+        match.group(2)]
+    if not 60 <= seconds <= DEFAULT_TIMEOUT_S:
+        raise UsageError(f"timeout {value!r} is outside what Vertex AI allows",
+                         "between a minute and 7 days")
+    return int(seconds)
+
+
+def parse_job_name(job_id: str) -> tuple[str, str, str]:
+    """(project, location, numeric id) of ``projects/P/locations/L/customJobs/N``."""
+    match = JOB_NAME.fullmatch(job_id or "")
+    if match is None:
+        raise UsageError(f"{job_id!r} is not a Vertex AI custom job name",
+                         "expected projects/PROJECT/locations/REGION/customJobs/ID")
+    return match.group(1), match.group(2), match.group(3)
+
+
+def console_url(job_id: str, project: str) -> str:
+    _p, location, number = parse_job_name(job_id)
+    return (f"https://console.cloud.google.com/vertex-ai/locations/{location}/training/"
+            f"{number}/cpu?project={project}")
+
+
+def _rewrite_plan(text: str, job: Job, checkpoints: str) -> str:
+    """plan.json as the job sees it on Vertex AI: the recipe (or script) under ``code/``, the
+    checkpoints in the run's folder of the bucket. Local paths mean nothing on the node."""
+    document = json.loads(text)
+    recipe = Path(document.get("recipe_file") or job.rendered.entrypoint)
+    recipe = recipe if recipe.is_absolute() else job.code_dir / recipe
+    try:
+        relative = recipe.resolve().relative_to(job.code_dir.resolve())
+    except ValueError:
+        raise UsageError(f"the script {recipe} is outside its code folder {job.code_dir}",
+                         "keep the script in the folder that is staged") from None
+    document["recipe_file"] = str(PurePosixPath("code", relative.as_posix()))
+    document["checkpoint_dir"] = checkpoints
+    return json.dumps(document, indent=2) + "\n"
+
+
+def _geo(region: str) -> str:
+    if region.startswith("europe"):
+        return "europe"
+    if region.startswith(("asia", "australia", "me-")):
+        return "asia"
+    return "us"
+
+
+def _utc(moment: Any) -> datetime | None:
+    if not moment:
+        return None
+    if isinstance(moment, datetime):
+        return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+    return None
+
+
+def _write_json(path: Path, data: Any) -> None:
+    from launcher.runs import write_json
+
+    write_json(path, data)

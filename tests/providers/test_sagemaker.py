@@ -1,0 +1,804 @@
+"""The SageMaker provider against real servers on 127.0.0.1, driven by the real boto3.
+
+moto's server (started once for this module on a free loopback port) serves S3, CloudWatch Logs
+and IAM; ``tests/fakes/sagemaker_server.py`` serves the training-job API at the wire level and
+plays each job's scenario. One test has the fake run the submitted job for real (torchrun on the
+CPU, code from moto's S3, output into moto's CloudWatch Logs).
+"""
+
+from __future__ import annotations
+
+import io
+import itertools
+import json
+import socket
+import tarfile
+import textwrap
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import botocore.session
+import botocore.validate
+import pytest
+
+from launcher.events import parse_event
+from launcher.plan.plan import Memory, Plan
+from launcher.providers.base import Job
+from launcher.providers.sagemaker import (
+    BOOTSTRAP_NAME,
+    JOB_NAME,
+    SageMakerProvider,
+    SageMakerRequest,
+    job_name,
+    status_of,
+)
+from launcher.render import RenderedJob, TrainSettings, render
+from launcher.status import ExitStatus, ProviderError, UsageError
+from tests.fakes.sagemaker_server import (
+    ACCOUNT,
+    HOST_OOM_REASON,
+    FakeSageMaker,
+    FlakyProxy,
+    chatty,
+    cuda_oom,
+    execute,
+    host_oom,
+    moto_client,
+    oom_only_in_failure_reason,
+    start_moto,
+    success,
+)
+
+ROLE = f"arn:aws:iam::{ACCOUNT}:role/SageMakerRole"
+BUCKET = "launch-test-bucket"
+RECIPE = '''
+import os
+
+import torch
+
+LAUNCH = {"global_batch_size": 4, "steps": 4, "lr": 0.01}
+
+
+class Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(16, 16)
+
+    def forward(self, x):
+        return torch.relu(self.lin(x)) + x
+
+
+def build_model():
+    return torch.nn.Sequential(Block(), Block(), torch.nn.Linear(16, 1))
+
+
+def example_batch(batch_size):
+    x = torch.randn(batch_size, 16)
+    return {"x": x, "y": x.sum(dim=1, keepdim=True)}
+
+
+_calls = 0
+
+
+def training_step(model, batch):
+    # Rank 1 "runs out of GPU memory" in its third forward pass at micro-batch 2 or more.
+    global _calls
+    _calls += 1
+    if batch["x"].shape[0] >= 2 and _calls >= 3 and os.environ.get("RANK") == "1":
+        raise torch.OutOfMemoryError(
+            "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 1 has a total capacity of "
+            "22.07 GiB of which 1.10 GiB is free.")
+    return torch.nn.functional.mse_loss(model(batch["x"]), batch["y"])
+
+
+def wrap_modules():
+    return (Block,)
+'''
+
+
+# -- servers and environment ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def moto() -> Any:
+    server, endpoint = start_moto()
+    s3 = moto_client("s3", endpoint)
+    s3.create_bucket(Bucket=BUCKET)
+    moto_client("iam", endpoint).create_role(RoleName="SageMakerRole",
+                                             AssumeRolePolicyDocument="{}")
+    yield endpoint
+    server.stop()
+
+
+@pytest.fixture
+def fake(moto: str, tmp_path: Path) -> Any:
+    service = FakeSageMaker(moto, tmp_path / "fake")
+    (tmp_path / "fake").mkdir()
+    service.start()
+    yield service
+    service.close()
+
+
+@pytest.fixture
+def aws_env(moto: str, fake: FakeSageMaker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+            ) -> dict[str, str]:
+    """Dummy credentials, endpoints on loopback, no config files from the home folder."""
+    values = {
+        "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing-secret-value",
+        "AWS_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true",
+        "AWS_ENDPOINT_URL": moto, "AWS_ENDPOINT_URL_SAGEMAKER": fake.url,
+        "AWS_CONFIG_FILE": str(tmp_path / "no-config"),
+        "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "no-credentials"),
+    }
+    for key in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_DEFAULT_REGION"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in values.items():
+        monkeypatch.setenv(key, value)
+    return values
+
+
+def provider(environ: dict[str, str] | None = None, **settings: Any) -> SageMakerProvider:
+    values = {"bucket": BUCKET, "role": ROLE, "region": "us-east-1", "api_interval_s": 0,
+              "log_settle_s": 0.05, "aws_max_attempts": 4, **settings}
+    return SageMakerProvider.from_settings(values, environ)
+
+
+def make_plan(**changes: Any) -> Plan:
+    values: dict[str, Any] = {
+        "strategy": "ddp", "machine": "ml.p4d.24xlarge", "nodes": 2, "gpus_per_node": 8,
+        "micro_batch_size": 4, "grad_accum_steps": 1, "global_batch_size": 64,
+        "precision": "bf16_mixed", "optimizer": "adamw", "activation_checkpointing": False,
+        "steps": 10, "lr": 3e-4, "cost_per_hour_usd": 2 * 21.96,
+    }
+    values.update(changes)
+    return Plan(**values)
+
+
+def stub_rendered(strategy: str) -> RenderedJob:
+    """A rendered job for a strategy whose template is not written yet (the request does not
+    depend on the script's text)."""
+    return RenderedJob(files={"plan.json": "{}\n", "launch_train.py": "print()\n"},
+                       entrypoint="launch_train.py", env={"LAUNCH_STRATEGY": strategy})
+
+
+_RUNS = itertools.count(1)
+
+
+def make_job(tmp_path: Path, plan: Plan | None = None, *, attempt: int = 1,
+             run_id: str | None = None, recipe: str = RECIPE,
+             rendered: RenderedJob | None = None) -> Job:
+    """A rendered attempt of a run. Run ids are unique unless given: moto's log group outlives
+    a test, as a real account's does, and job names (so log streams) follow run ids."""
+    plan = plan or make_plan()
+    run_id = run_id or f"train-20260421-101500-{next(_RUNS):04x}"
+    code = tmp_path / "code"
+    code.mkdir(exist_ok=True)
+    (code / "train.py").write_text(textwrap.dedent(recipe))
+    run = tmp_path / "state" / "runs" / run_id
+    settings = TrainSettings(recipe_file=str(code / "train.py"), mode="recipe", run_id=run_id,
+                             attempt=attempt, checkpoint_dir=str(run / "checkpoints"))
+    rendered = rendered or render(plan, settings)
+    job_dir = run / f"attempt-{attempt}" / "job"
+    rendered.write(job_dir)
+    return Job(run_id=run_id, attempt=attempt, plan=plan, rendered=rendered, job_dir=job_dir,
+               attempt_dir=job_dir.parent, checkpoint_dir=run / "checkpoints", code_dir=code)
+
+
+def follow(p: SageMakerProvider, job_id: str, *, stop_on_oom: bool = False,
+           timeout: float = 60.0) -> tuple[list[str], Any]:
+    """The supervisor's loop, reduced: poll, read, stop on the first oom event."""
+    lines: list[str] = []
+    cursor = None
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status = p.poll(job_id)
+        new, cursor = p.logs(job_id, cursor)
+        lines += new
+        if stop_on_oom and any((parse_event(x) or {}).get("launch") == "oom" for x in new):
+            p.stop(job_id)
+        if status.terminal and not new:
+            return lines, status
+        if not new:
+            time.sleep(0.02)
+    raise AssertionError(f"{job_id} did not end in {timeout}s; read:\n" + "\n".join(lines[-20:]))
+
+
+def archive(s3_uri: str, moto: str) -> dict[str, bytes]:
+    bucket, _, key = s3_uri.removeprefix("s3://").partition("/")
+    body = moto_client("s3", moto).get_object(Bucket=bucket, Key=key)["Body"].read()
+    with tarfile.open(fileobj=io.BytesIO(body), mode="r:gz") as tar:
+        return {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
+
+
+def create_shape() -> Any:
+    model = botocore.session.get_session().get_service_model("sagemaker")
+    return model.operation_model("CreateTrainingJob").input_shape
+
+
+# -- the request --------------------------------------------------------------------------------
+
+
+def test_request_is_the_exact_create_call_built_without_side_effects(tmp_path, monkeypatch):
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE"):
+        monkeypatch.delenv(key, raising=False)
+    job = make_job(tmp_path, run_id="train-20260421-101500-ab12")
+    (job.code_dir / ".env").write_text("AWS_SECRET_ACCESS_KEY=do-not-ship\n")
+    (job.code_dir / "__pycache__").mkdir()
+    (job.code_dir / "__pycache__" / "train.cpython-311.pyc").write_bytes(b"\0")
+    (job.code_dir / "model.py").write_text("WIDTH = 16\n")
+    p = provider({})  # no credentials at all: a dry run needs none
+    request = p.dryrun(job)
+    assert isinstance(request, SageMakerRequest)
+    assert not (job.attempt_dir / "request.json").exists()
+    again = p.dryrun(job)
+    assert again.to_dict() == request.to_dict()  # deterministic, down to the archive hash
+
+    kwargs = request.kwargs
+    botocore.validate.validate_parameters(kwargs, create_shape())  # the API's own shape
+    data = request.to_dict()
+    assert json.loads(json.dumps(data)) == data
+    assert data["create_training_job"] == kwargs
+    assert kwargs["TrainingJobName"] == "launch-train-20260421-101500-ab12-a1"
+    assert kwargs["RoleArn"] == ROLE
+    spec = kwargs["AlgorithmSpecification"]
+    assert spec["TrainingImage"] == (
+        "763104351884.dkr.ecr.us-east-1.amazonaws.com/pytorch-training:2.8.0-gpu-py312")
+    assert spec["TrainingInputMode"] == "File"
+    assert spec["ContainerEntrypoint"][:2] == ["/bin/sh", "-c"]
+    assert spec["ContainerArguments"] == [
+        "/opt/ml/input/data/code/sourcedir.tar.gz", "/opt/ml/code", "python3", BOOTSTRAP_NAME,
+        "--nproc-per-node", "8", "--resource-config", "/opt/ml/input/config/resourceconfig.json",
+        "--master-port", "29500", "launch_train.py"]
+    assert all(len(a) <= 256 for a in spec["ContainerEntrypoint"] + spec["ContainerArguments"])
+    assert {m["Name"] for m in spec["MetricDefinitions"]} >= {"train:loss"}
+    assert kwargs["ResourceConfig"] == {"InstanceType": "ml.p4d.24xlarge", "InstanceCount": 2,
+                                        "VolumeSizeInGB": 30}
+    run_root = f"s3://{BUCKET}/launch/train-20260421-101500-ab12"
+    assert kwargs["CheckpointConfig"] == {"S3Uri": f"{run_root}/checkpoints",
+                                          "LocalPath": "/opt/ml/checkpoints"}
+    assert kwargs["OutputDataConfig"] == {"S3OutputPath": f"{run_root}/output"}
+    assert kwargs["StoppingCondition"] == {"MaxRuntimeInSeconds": 86400}
+    assert kwargs["EnableManagedSpotTraining"] is False
+    environment = kwargs["Environment"]
+    assert environment["LAUNCH_CHECKPOINT_DIR"] == "/opt/ml/checkpoints"
+    assert environment["LAUNCH_MICRO_BATCH_SIZE"] == "4"
+    assert environment["LAUNCH_RUN_ID"] == job.run_id and environment["LAUNCH_ATTEMPT"] == "1"
+    assert kwargs["HyperParameters"]["micro_batch_size"] == "4"
+    assert kwargs["HyperParameters"]["strategy"] == "ddp"
+    tags = {t["Key"]: t["Value"] for t in kwargs["Tags"]}
+    assert tags["launch:run-id"] == job.run_id and tags["launch:attempt"] == "1"
+    text = json.dumps(data)
+    assert "AWS_" not in text and "testing" not in text and "do-not-ship" not in text
+
+    package = request.package
+    channel = kwargs["InputDataConfig"][0]
+    assert channel["ChannelName"] == "code"
+    assert channel["DataSource"]["S3DataSource"]["S3Uri"] == package.channel_uri
+    assert package.s3_uri == package.channel_uri + "sourcedir.tar.gz"
+    assert package.files == ("launch_sagemaker.py", "launch_train.py", "model.py", "plan.json",
+                             "train.py")
+    with tarfile.open(fileobj=io.BytesIO(package.data), mode="r:gz") as tar:
+        plan_json = json.loads(tar.extractfile("plan.json").read())
+    assert plan_json["recipe_file"] == "train.py"
+    assert plan_json["checkpoint_dir"] == "/opt/ml/checkpoints"
+    assert plan_json["micro_batch_size"] == 4
+
+
+def test_spot_budget_volume_and_settings(tmp_path):
+    memory = Memory(parameters=8 * 2**30, gradients=8 * 2**30, optimizer=16 * 2**30)
+    job = make_job(tmp_path, make_plan(strategy="fsdp", memory=memory),
+                   rendered=stub_rendered("fsdp"))
+    request = provider({}, spot=True, budget=22.0, s3_prefix="team/ml",
+                       job_prefix="nightly").dryrun(job)
+    kwargs = request.kwargs
+    # $22 at $43.92 an hour: half an hour, SageMaker stops it there.
+    assert kwargs["StoppingCondition"] == {"MaxRuntimeInSeconds": 1803,
+                                           "MaxWaitTimeInSeconds": 3606}
+    assert kwargs["EnableManagedSpotTraining"] is True
+    assert kwargs["TrainingJobName"].startswith("nightly-train-")
+    assert kwargs["CheckpointConfig"]["S3Uri"].startswith(f"s3://{BUCKET}/team/ml/train-")
+    # 16 shards of 24 GiB of model and optimizer states, three copies, plus 30 GB.
+    assert kwargs["ResourceConfig"]["VolumeSizeInGB"] == 3 * 16 * 24 + 30
+    botocore.validate.validate_parameters(kwargs, create_shape())
+    assert provider({}, max_run_s=600, spot=True).dryrun(job).kwargs["StoppingCondition"] == {
+        "MaxRuntimeInSeconds": 600, "MaxWaitTimeInSeconds": 1200}
+
+
+def test_smp_v2_plans_get_the_smp_image(tmp_path):
+    plan = make_plan(strategy="smp_v2")
+    request = provider({}, region="eu-west-1").dryrun(
+        make_job(tmp_path, plan, rendered=stub_rendered("smp_v2")))
+    assert request.kwargs["AlgorithmSpecification"]["TrainingImage"] == (
+        "658645717510.dkr.ecr.eu-west-1.amazonaws.com/smdistributed-modelparallel:"
+        "2.5.1-gpu-py311-cu124")
+    assert request.region == "eu-west-1"
+    custom = provider({}, image="123456789012.dkr.ecr.us-east-1.amazonaws.com/mine:1")
+    assert custom.dryrun(make_job(tmp_path)).kwargs["AlgorithmSpecification"][
+        "TrainingImage"].endswith("/mine:1")
+
+
+def test_job_names_are_deterministic_valid_and_short_enough():
+    assert job_name("train-20260421-101500-ab12", 2) == "launch-train-20260421-101500-ab12-a2"
+    long_id = "a-very-long-recipe-name-for-test-x-20260421-101500-ab12"
+    names = {job_name(long_id, n) for n in (1, 10, 100)}
+    assert len(names) == 3
+    for name in names:
+        assert len(name) <= 63 and JOB_NAME.match(name)
+    assert job_name(long_id, 10) == job_name(long_id, 10)
+    other = job_name(long_id.replace("ab12", "cd34"), 10)
+    assert other != job_name(long_id, 10)  # the hash tells apart ids that share a start
+    assert JOB_NAME.match(job_name("résumé_run--x", 1))
+
+
+def test_content_hash_changes_with_the_content_only(tmp_path):
+    run_id = "train-20260421-101500-ab12"
+    first = provider({}).dryrun(make_job(tmp_path, run_id=run_id)).package
+    same = provider({}).dryrun(make_job(tmp_path, run_id=run_id)).package
+    assert (same.sha256, same.key) == (first.sha256, first.key)
+    (tmp_path / "code" / "helper.py").write_text("X = 1\n")
+    changed = provider({}).dryrun(make_job(tmp_path, run_id=run_id)).package
+    assert changed.sha256 != first.sha256 and changed.key != first.key
+    # The launcher's state folder inside the code folder is never packed.
+    job = make_job(tmp_path / "code", run_id="inside-20260421-101500-ab12")
+    inside = provider({}).dryrun(replace(job, code_dir=tmp_path / "code"))
+    assert "code/train.py" in inside.package.files
+    assert not any(name.startswith("state/") for name in inside.package.files)
+
+
+@pytest.mark.parametrize(("settings", "plan", "words"), [
+    ({"role": None}, {}, "needs an execution role"),
+    ({"bucket": None}, {}, "needs an S3 bucket"),
+    ({"role": "SageMakerRole"}, {}, "is not an IAM role ARN"),
+    ({"bucket": "s3://Bad_Bucket/x"}, {}, "is not an S3 bucket name"),
+    ({"job_prefix": "a-much-too-long-prefix-for-job-names"}, {}, "at most 20"),
+    ({}, {"machine": "ml.p9.48xlarge"}, "unknown SageMaker machine 'ml.p9.48xlarge'"),
+    ({}, {"machine": "ml.p4.24xlarge"}, "did you mean ml.p4d.24xlarge"),
+    ({}, {"machine": "ml.m5.xlarge"}, "ml.m5.xlarge has no GPU"),
+    ({}, {"machine": "ml.g5.2xlarge"}, "has 1 GPU(s), not 8"),
+    ({"region": "mars-1"}, {}, "is not an AWS region"),
+])
+def test_bad_input_is_one_clear_line(tmp_path, settings, plan, words):
+    with pytest.raises(UsageError) as caught:
+        provider({}, **settings).dryrun(make_job(tmp_path, make_plan(**plan)))
+    error = caught.value
+    assert words in str(error)
+    assert "\n" not in str(error) and error.status == ExitStatus.USAGE
+
+
+def test_no_region_anywhere(tmp_path, monkeypatch):
+    for key in ("AWS_REGION", "AWS_DEFAULT_REGION", "AWS_PROFILE"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    with pytest.raises(UsageError, match="no AWS region"):
+        provider({"AWS_CONFIG_FILE": str(tmp_path / "none")}, region=None).dryrun(
+            make_job(tmp_path))
+
+
+def test_no_credentials_fails_within_two_seconds_without_waiting_on_metadata(
+        tmp_path, monkeypatch):
+    # An instance metadata address that accepts connections and never answers: the worst case.
+    blackhole = socket.create_server(("127.0.0.1", 0))
+    port = blackhole.getsockname()[1]
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
+                "AWS_EC2_METADATA_DISABLED", "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+                "AWS_CONTAINER_CREDENTIALS_FULL_URI", "AWS_WEB_IDENTITY_TOKEN_FILE"):
+        monkeypatch.delenv(key, raising=False)
+    (tmp_path / "empty").write_text("")
+    environ = {"HOME": str(tmp_path), "AWS_CONFIG_FILE": str(tmp_path / "empty"),
+               "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "empty"),
+               "AWS_EC2_METADATA_SERVICE_ENDPOINT": f"http://127.0.0.1:{port}"}
+    for key, value in environ.items():
+        monkeypatch.setenv(key, value)
+    p = provider(environ)
+    request = p.dryrun(make_job(tmp_path))
+    start = time.monotonic()
+    try:
+        with pytest.raises(ProviderError) as caught:
+            p.schedule(request)
+    finally:
+        blackhole.close()
+    assert time.monotonic() - start < 2.0
+    error = caught.value
+    assert error.status == ExitStatus.PROVIDER_ERROR == 6
+    assert error.message == "no AWS credentials found"
+    assert "AWS_PROFILE" in error.hint and "AWS_ACCESS_KEY_ID" in error.hint
+
+
+def test_status_mapping():
+    def described(status: str, secondary: str, **extra: Any) -> dict[str, Any]:
+        return {"TrainingJobStatus": status, "SecondaryStatus": secondary,
+                "SecondaryStatusTransitions": [{"Status": secondary, "StatusMessage": "msg"}],
+                **extra}
+
+    assert status_of(described("InProgress", "Starting")).state == "pending"
+    running = status_of(described("InProgress", "Training"))
+    assert (running.state, running.message) == ("running", "Training: msg")
+    assert not status_of(described("Stopping", "Stopping")).terminal
+    assert status_of(described("Completed", "Completed")).state == "succeeded"
+    failed = status_of(described("Failed", "Failed", FailureReason="AlgorithmError: x, exit "
+                                                                  "code: 137"))
+    assert (failed.state, failed.exit_code) == ("failed", 137)
+    assert status_of(described("Stopped", "Stopped")).state == "cancelled"
+    assert status_of(described("Stopped", "MaxRuntimeExceeded")).state == "failed"
+
+
+# -- submitting and following ---------------------------------------------------------------------
+
+
+def test_success_uploads_once_creates_and_follows_every_line(tmp_path, aws_env, fake, moto):
+    fake.push(success(steps=3, gpus=8), success(steps=1, gpus=8))
+    p = provider(aws_env)
+    job = make_job(tmp_path)
+    request = p.dryrun(job)
+    job_id = p.schedule(request)
+    assert job_id == request.job_name
+    assert json.loads((job.attempt_dir / "request.json").read_text()) == request.to_dict()
+    created = fake.jobs[job_id].request
+    assert created == json.loads(json.dumps(request.kwargs))  # what boto3 put on the wire
+    files = archive(request.package.s3_uri, moto)
+    assert set(files) == set(request.package.files)
+    assert json.loads(files["plan.json"])["checkpoint_dir"] == "/opt/ml/checkpoints"
+
+    lines, status = follow(p, job_id)
+    assert (status.state, status.exit_code) == ("succeeded", 0)
+    assert lines[0] == "[sagemaker] Starting: Starting the training job"
+    assert "[sagemaker] Training: Training image download completed. Training in progress." \
+        in lines
+    assert lines[-1] == "[sagemaker] Completed: Training job completed"
+    output = [x for x in lines if not x.startswith("[sagemaker]")]
+    written = {h: [f"[{h}] {x}" for x in v] for h, v in fake.jobs[job_id].written.items()}
+    assert sorted(output) == sorted(written["algo-1"] + written["algo-2"])
+    for host in ("algo-1", "algo-2"):  # each host's lines in its order
+        assert [x for x in output if x.startswith(f"[{host}]")] == written[host]
+    done = {parse_event(x)["rank"] for x in output if (parse_event(x) or {}).get("launch")
+            == "done"}
+    assert done == set(range(16))
+
+    # Scheduling the same request again uploads nothing and creates nothing.
+    key = request.package.key
+    s3 = moto_client("s3", moto)
+    before = s3.head_object(Bucket=BUCKET, Key=key)["LastModified"]
+    p.schedule(request)  # idempotent: the job exists and is this attempt's
+    assert s3.head_object(Bucket=BUCKET, Key=key)["LastModified"] == before
+    assert len(fake.jobs) == 1
+
+
+def test_cuda_oom_on_one_of_16_ranks_stops_the_hanging_job_and_resubmits(
+        tmp_path, aws_env, fake, moto):
+    from launcher.replan import replan
+    from launcher.runs import Run
+    from launcher.spec import Spec
+    from launcher.supervisor import Supervisor
+
+    fake.push(cuda_oom(gpus=8, oom_rank=11, at_step=3, hang_s=60), success(steps=2, gpus=8))
+    code = tmp_path / "code"
+    code.mkdir()
+    script = code / "train.py"
+    script.write_text(textwrap.dedent(RECIPE))
+    run = Run.create(tmp_path / "state", "train", {"provider": "sagemaker"})
+    spec = Spec(script=script, mode="recipe", provider="sagemaker", max_attempts=3)
+    lines: list[str] = []
+    notes: list[str] = []
+    supervisor = Supervisor(provider(aws_env), run, on_line=lines.append,
+                            on_note=notes.append,
+                            replan=lambda plan, failure: replan(plan, failure),
+                            poll_interval_s=0.02)
+    start = time.monotonic()
+    outcome = supervisor.launch(spec, make_plan())
+    assert time.monotonic() - start < 30  # not the 60 s the hanging ranks would take
+
+    assert outcome.status == ExitStatus.SUCCESS
+    first, second = outcome.attempts
+    job1 = fake.jobs[first.job_id]
+    assert job1.stop_calls == 1 and job1.status == "Stopped"
+    assert (first.outcome, first.state) == ("oom", "cancelled")
+    assert first.diagnosis["rank"] == 11 and first.diagnosis["phase"] == "forward"
+    assert any("out of memory" in n and "stopping the job" in n for n in notes), notes
+    assert second.job_id == first.job_id.replace("-a1", "-a2")
+    request1, request2 = (fake.jobs[a.job_id].request for a in outcome.attempts)
+    assert request1["CheckpointConfig"] == request2["CheckpointConfig"]
+    assert request2["Environment"]["LAUNCH_MICRO_BATCH_SIZE"] == "2"
+    code_uri = request2["InputDataConfig"][0]["DataSource"]["S3DataSource"]["S3Uri"]
+    plan2 = json.loads(archive(code_uri + "sourcedir.tar.gz", moto)["plan.json"])
+    assert (plan2["micro_batch_size"], plan2["grad_accum_steps"]) == (2, 2)
+
+
+def test_host_oom_is_reported_through_the_failure_reason(tmp_path, aws_env, fake):
+    from launcher.failures import explain_lines
+
+    fake.push(host_oom(), host_oom(exit_137=True))
+    p = provider(aws_env)
+    job_id = p.schedule(p.dryrun(make_job(tmp_path)))
+    lines, status = follow(p, job_id)
+    assert status.state == "failed" and "OutOfMemoryError" in status.message
+    assert lines[-1] == f"[sagemaker] FailureReason: {HOST_OOM_REASON}"
+    assert explain_lines(lines, platform="sagemaker").failure == "host_oom"
+
+    job_id = p.schedule(p.dryrun(make_job(tmp_path, attempt=2)))
+    lines, status = follow(p, job_id)
+    assert (status.state, status.exit_code) == ("failed", 137)
+    assert explain_lines(lines, platform="sagemaker").failure == "host_oom"
+
+
+def test_oom_report_only_in_failure_reason_is_still_an_oom(tmp_path, aws_env, fake):
+    fake.push(oom_only_in_failure_reason(rank=0))
+    p = provider(aws_env)
+    job_id = p.schedule(p.dryrun(make_job(tmp_path)))
+    lines, status = follow(p, job_id)
+    assert status.state == "failed"
+    events = [parse_event(x) for x in lines if parse_event(x)]
+    oom = [e for e in events if e["launch"] == "oom"]
+    assert len(oom) == 1 and oom[0]["phase"] == "forward"
+    assert lines[-1].startswith("[sagemaker] FailureReason: AlgorithmError: {\"launch\": \"oom\"")
+
+
+def test_throttled_create_is_retried_and_makes_one_job(tmp_path, aws_env, fake):
+    fake.throttle("CreateTrainingJob", 2)
+    fake.throttle("DescribeTrainingJob", 1)
+    p = provider(aws_env)
+    job_id = p.schedule(p.dryrun(make_job(tmp_path)))
+    assert fake.count("CreateTrainingJob") == 3
+    assert [j.name for j in fake.jobs.values()] == [job_id]
+    assert p.poll(job_id).state in ("pending", "running", "succeeded")
+
+
+def test_a_create_whose_answer_was_lost_is_adopted_not_duplicated(tmp_path, aws_env, fake):
+    fake.lose_response("CreateTrainingJob", 1)
+    p = provider(aws_env)
+    job_id = p.schedule(p.dryrun(make_job(tmp_path)))
+    # botocore retried the create after the dropped connection; SageMaker said ResourceInUse;
+    # the describe showed it is this attempt's job.
+    assert fake.count("CreateTrainingJob") == 2
+    assert fake.count("DescribeTrainingJob") >= 1
+    assert list(fake.jobs) == [job_id]
+
+
+def test_a_foreign_job_with_the_name_is_not_adopted(tmp_path, aws_env, fake):
+    p = provider(aws_env)
+    request = p.dryrun(make_job(tmp_path))
+    foreign = json.loads(json.dumps(request.kwargs))
+    foreign["Environment"]["LAUNCH_RUN_ID"] = "someone-else"
+    sagemaker = p._aws().client("sagemaker")
+    sagemaker.create_training_job(**foreign)
+    with pytest.raises(ProviderError, match="already exists and is not attempt 1"):
+        p.schedule(request)
+
+
+def test_stop_is_idempotent_and_finished_jobs_are_left_alone(tmp_path, aws_env, fake):
+    fake.push(cuda_oom(gpus=1, oom_rank=0, hang_s=30), success(steps=1))
+    p = provider(aws_env)
+    job_id = p.schedule(p.dryrun(make_job(tmp_path)))
+    p.stop(job_id)
+    p.stop(job_id)
+    lines, status = follow(p, job_id)
+    assert status.state == "cancelled"
+    assert "[sagemaker] Stopped: Training job stopped" in lines
+    p.stop(job_id)  # stopped already
+    done = p.schedule(p.dryrun(make_job(tmp_path, attempt=2)))
+    fake.wait_ended(done)
+    p.stop(done)  # completed already
+    assert fake.jobs[done].status == "Completed"
+
+
+def test_missing_bucket_and_role_are_one_line_each(tmp_path, aws_env, fake):
+    p = provider(aws_env, bucket="no-such-bucket-here")
+    with pytest.raises(ProviderError, match="the S3 bucket no-such-bucket-here does not exist"):
+        p.schedule(p.dryrun(make_job(tmp_path)))
+    role = f"arn:aws:iam::{ACCOUNT}:role/NoSuchRole"
+    p = provider(aws_env, role=role)
+    with pytest.raises(ProviderError, match=f"the IAM role {role} does not exist") as caught:
+        p.schedule(p.dryrun(make_job(tmp_path)))
+    assert caught.value.status == ExitStatus.PROVIDER_ERROR
+    assert not fake.jobs
+
+
+def test_unknown_job_is_a_provider_error(aws_env, fake):
+    with pytest.raises(ProviderError, match="no SageMaker training job named launch-nope-a1"):
+        provider(aws_env).poll("launch-nope-a1")
+
+
+def test_logs_survive_paging_dropped_connections_and_reconnects(tmp_path, aws_env, fake, moto,
+                                                                 monkeypatch):
+    """Two hosts writing while being read, seven events a page, the connection to CloudWatch
+    dropped mid-read (past botocore's retries) and the reader replaced by a new process-like
+    reader from a JSON copy of the cursor: every line exactly once, in each host's order."""
+    proxy = FlakyProxy(moto)
+    monkeypatch.setenv("AWS_ENDPOINT_URL_LOGS", proxy.url)
+    environ = {**aws_env, "AWS_ENDPOINT_URL_LOGS": proxy.url}
+    release = threading.Event()
+    fake.push(chatty(lines_per_host=300, pause_every=40, release=release))
+    p = provider(environ, log_page_size=7, aws_max_attempts=2)
+    job_id = p.schedule(p.dryrun(make_job(tmp_path)))
+    lines: list[str] = []
+    cursor: Any = None
+    rounds = 0
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        rounds += 1
+        if rounds == 3:
+            proxy.drop_next(3)       # more than the 2 attempts: this read fails part way
+            proxy.cut()
+        if rounds == 5:
+            proxy.cut()              # pooled connections die under the reader
+            release.set()
+        if rounds == 7:              # a new reader, from what the old one saved
+            cursor = json.loads(json.dumps(cursor))
+            p = provider(environ, log_page_size=7, aws_max_attempts=2)
+        status = p.poll(job_id)
+        new, cursor = p.logs(job_id, cursor)
+        lines += new
+        if status.terminal and not new:
+            break
+        time.sleep(0.01)
+    proxy.close()
+    assert proxy.dropped >= 3
+    assert status.state == "succeeded"
+    output = [x for x in lines if not x.startswith("[sagemaker]")]
+    for host in ("algo-1", "algo-2"):
+        assert [x for x in output if x.startswith(f"[{host}]")] == [
+            f"[{host}] {host} line {i}" for i in range(300)]
+    assert len(output) == 600
+
+
+# -- the job, run for real -------------------------------------------------------------------------
+
+
+def test_end_to_end_the_fake_runs_the_submitted_job_oom_stop_resubmit_resume(
+        tmp_path, aws_env, fake, moto):
+    """The request, the package and the template fit together: the fake takes the code from S3
+    and runs the job's own command under torchrun on the CPU. Attempt 1 runs out of memory on
+    rank 1 for real; the supervisor stops it, halves the micro-batch and resubmits; attempt 2
+    downloads attempt 1's checkpoints from S3 and resumes from step 2."""
+    from launcher.replan import replan
+    from launcher.runs import Run
+    from launcher.spec import Spec
+    from launcher.supervisor import Supervisor
+
+    fake.push(execute(), execute())
+    code = tmp_path / "code"
+    code.mkdir()
+    script = code / "train.py"
+    script.write_text(textwrap.dedent(RECIPE))
+    run = Run.create(tmp_path / "state", "train", {"provider": "sagemaker"})
+    spec = Spec(script=script, mode="recipe", provider="sagemaker", max_attempts=2,
+                checkpoint_every=1, steps=4, global_batch_size=4)
+    plan = Plan(strategy="ddp", machine="ml.g5.12xlarge", nodes=1, gpus_per_node=2,
+                micro_batch_size=2, grad_accum_steps=1, global_batch_size=4, precision="fp32",
+                optimizer="adamw", activation_checkpointing=False, steps=4, lr=0.01)
+    lines: list[str] = []
+    supervisor = Supervisor(provider(aws_env), run, on_line=lines.append,
+                            on_note=lambda text: None,
+                            replan=lambda p, failure: replan(p, failure), poll_interval_s=0.05)
+    outcome = supervisor.launch(spec, plan)
+    log = "\n".join(lines)
+    assert outcome.status == ExitStatus.SUCCESS, log
+    first, second = outcome.attempts
+    assert first.outcome == "oom" and first.diagnosis["rank"] == 1, log
+    assert first.diagnosis["phase"] == "forward"
+    events = [parse_event(x) for x in lines if parse_event(x)]
+    resumed = [e for e in events if e["launch"] == "resume"]
+    assert resumed and {e["step"] for e in resumed} == {2}, log
+    done = [e for e in events if e["launch"] == "done"]
+    assert {e["rank"] for e in done} == {0, 1} and {e["step"] for e in done} == {4}
+    assert all(x.startswith(("[sagemaker]", "[algo-1]")) for x in lines)
+    assert any("[algo-1] [rank1]:" in x for x in lines)  # torchrun's per-rank prefix, per host
+    s3 = moto_client("s3", moto)
+    checkpoints = fake.jobs[second.job_id].request["CheckpointConfig"]["S3Uri"]
+    prefix = checkpoints.removeprefix(f"s3://{BUCKET}/")
+    keys = [o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET, Prefix=prefix)["Contents"]]
+    assert any(k.endswith("step_00000004.pt") for k in keys)
+
+
+# -- the command line -----------------------------------------------------------------------------
+
+
+def test_status_logs_and_cancel_of_a_sagemaker_run(tmp_path, aws_env, fake, cli, monkeypatch):
+    import launcher.providers as providers
+    from launcher.runs import Attempt, Run
+
+    monkeypatch.setitem(providers.REGISTRY, "sagemaker",
+                        "launcher.providers.sagemaker:SageMakerProvider")
+    fake.push(cuda_oom(gpus=1, oom_rank=0, hang_s=30))
+    p = provider(aws_env)
+    job_id = p.schedule(p.dryrun(make_job(tmp_path)))
+    settings = {"bucket": BUCKET, "role": ROLE, "region": "us-east-1", "api_interval_s": 0,
+                "log_settle_s": 0}
+    run = Run.create(tmp_path / "state", "train", {"provider": "sagemaker",
+                                                   "script": "train.py", "spec": settings})
+    run.save_attempt(Attempt(number=1, plan=make_plan().to_dict(), job_id=job_id,
+                             state="running"))
+    deadline = time.monotonic() + 10
+    while '"launch": "oom"' not in "".join(fake.jobs[job_id].written.get("algo-1", [])):
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+
+    status = cli("status", run.id, "--json")
+    assert status.status == 0, status.stderr
+    assert status.json()["attempts"][0]["live_state"] == "running"
+    logs = cli("logs", run.id)
+    assert logs.status == 0, logs.stderr
+    assert "[sagemaker] Training: Training image download completed." in logs.stdout
+    assert '[algo-1] [local_rank0]:{"launch": "oom"' in logs.stdout
+    cancel = cli("cancel", run.id, "--json")
+    assert cancel.status == 0, cancel.stderr
+    assert cancel.json()["cancelled"] == [1]
+    assert fake.jobs[job_id].status == "Stopped"
+    assert run.attempts()[0].state == "cancelled"
+
+
+def test_machines_lists_the_sagemaker_catalog(cli):
+    result = cli("machines", "--provider", "sagemaker", "--json")
+    assert result.status == 0, result.stderr
+    names = {m["name"]: m for m in result.json()["machines"]}
+    assert names["ml.p4d.24xlarge"]["gpu_count"] == 8
+    assert all(m["gpu_count"] >= 1 for m in names.values())
+
+
+def test_provider_errors_exit_6_through_the_cli(tmp_path, aws_env, fake, cli, monkeypatch):
+    import launcher.providers as providers
+    from launcher.runs import Attempt, Run
+
+    monkeypatch.setitem(providers.REGISTRY, "sagemaker",
+                        "launcher.providers.sagemaker:SageMakerProvider")
+    run = Run.create(tmp_path / "state", "train", {"provider": "sagemaker", "spec": {
+        "bucket": BUCKET, "role": ROLE, "region": "us-east-1"}})
+    run.save_attempt(Attempt(number=1, plan={}, job_id="launch-gone-a1", state="running"))
+    result = cli("status", run.id)
+    assert result.status == 6
+    assert "no SageMaker training job named launch-gone-a1" in result.stderr
+
+
+def test_bootstrap_wires_torchrun_from_sagemakers_cluster_description(tmp_path, monkeypatch):
+    """The file the package ships: node rank and master from resourceconfig.json (or the
+    toolkit's SM_HOSTS / SM_CURRENT_HOST), one torchrun line per host."""
+    import os
+    import sys
+
+    from launcher.providers.sagemaker import BOOTSTRAP
+
+    namespace: dict[str, Any] = {"__name__": "launch_sagemaker"}
+    exec(compile(BOOTSTRAP, BOOTSTRAP_NAME, "exec"), namespace)
+    calls: list[list[str]] = []
+    monkeypatch.setattr(os, "execv", lambda path, argv: calls.append(argv))
+    monkeypatch.delenv("NCCL_SOCKET_IFNAME", raising=False)
+    config = tmp_path / "resourceconfig.json"
+    config.write_text(json.dumps({"current_host": "algo-2", "network_interface_name": "eth0",
+                                  "hosts": ["algo-10", "algo-2", "algo-1"] + [
+                                      f"algo-{i}" for i in range(3, 10)]}))
+    argv = ["launch_sagemaker.py", "--nproc-per-node", "8", "--resource-config", str(config),
+            "--master-port", "29500", "launch_train.py"]
+    monkeypatch.setattr(sys, "argv", argv)
+    namespace["main"]()
+    assert calls[-1][1:] == [
+        "-m", "torch.distributed.run", "--nproc_per_node", "8", "--nnodes", "10",
+        "--node_rank", "1", "--master_addr", "algo-1", "--master_port", "29500",
+        "--role", "local_rank", "--tee", "3", "launch_train.py"]
+    assert os.environ["NCCL_SOCKET_IFNAME"] == "eth0"
+    # Started by the SageMaker training toolkit instead: its variables say the same.
+    monkeypatch.setattr(sys, "argv", [*argv[:4], str(tmp_path / "absent.json"), *argv[5:]])
+    monkeypatch.setenv("SM_HOSTS", '["algo-1"]')
+    monkeypatch.setenv("SM_CURRENT_HOST", "algo-1")
+    namespace["main"]()
+    assert calls[-1][1:] == ["-m", "torch.distributed.run", "--nproc_per_node", "8",
+                             "--standalone", "--role", "rank", "--tee", "3", "launch_train.py"]
+
+
+def test_logs_of_a_finished_job_come_whole_in_one_read(tmp_path, aws_env, fake):
+    """`launch logs RUN` reads once: a finished job's output, its last status and its
+    FailureReason all come in that one read, in order, and nothing after."""
+    fake.push(host_oom())
+    p = provider(aws_env, log_settle_s=5)
+    job_id = p.schedule(p.dryrun(make_job(tmp_path)))
+    fake.wait_ended(job_id)
+    with fake.lock:  # as if it had ended two minutes ago: no waiting for late lines
+        fake.jobs[job_id].end_time = time.time() - 120
+    start = time.monotonic()
+    lines, cursor = provider(aws_env, log_settle_s=5).logs(job_id)
+    assert time.monotonic() - start < 4
+    assert lines[-2:] == ["[sagemaker] Failed: Training job failed",
+                          f"[sagemaker] FailureReason: {HOST_OOM_REASON}"]
+    assert sum(1 for x in lines if x.startswith("[algo-1]")) == 4
+    assert p.logs(job_id, cursor)[0] == []

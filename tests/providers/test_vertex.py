@@ -1,0 +1,786 @@
+"""The Vertex AI provider against wire-level fakes on 127.0.0.1, driven by the real clients.
+
+``tests/fakes/vertex_server.py`` serves JobService and LoggingServiceV2 over gRPC and REST; Cloud
+Storage is gcp-storage-emulator. Nothing here reaches Google: every endpoint is overridden through
+the environment variables the provider documents (LAUNCH_VERTEX_ENDPOINT, LAUNCH_LOGGING_ENDPOINT,
+STORAGE_EMULATOR_HOST), and the timing knobs are set near zero so a poll loop takes milliseconds.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import socket
+import tarfile
+import textwrap
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("google.cloud.aiplatform_v1")
+pytest.importorskip("google.cloud.logging")
+pytest.importorskip("gcp_storage_emulator")
+
+from launcher.plan.plan import Plan  # noqa: E402
+from launcher.providers import vertex  # noqa: E402
+from launcher.providers.base import Job  # noqa: E402
+from launcher.providers.vertex import VertexProvider  # noqa: E402
+from launcher.render import TrainSettings, render  # noqa: E402
+from launcher.status import ExitStatus, ProviderError, UsageError  # noqa: E402
+from tests.conftest import TINY_RECIPE  # noqa: E402
+from tests.fakes.vertex_server import (  # noqa: E402
+    FakeVertex,
+    execute,
+    finish,
+    log,
+    sleep,
+    state,
+    wait_cancel,
+    wait_read,
+)
+
+PROJECT = "launch-test"
+REGION = "us-central1"
+RUN_ID = "train-20260801-120000-ab12"
+
+
+# -- fixtures ------------------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def storage_emulator():
+    from gcp_storage_emulator.server import create_server
+
+    port = _free_port()
+    server = create_server("127.0.0.1", port, in_memory=True)
+    server.start()
+    yield f"http://127.0.0.1:{port}"
+    server.stop()
+
+
+@pytest.fixture
+def storage(storage_emulator):
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import storage as gcs
+
+    return gcs.Client(project=PROJECT, credentials=AnonymousCredentials(),
+                      client_options={"api_endpoint": storage_emulator})
+
+
+@pytest.fixture
+def bucket(storage) -> str:
+    name = f"launch-test-{uuid.uuid4().hex[:8]}"
+    storage.create_bucket(name)
+    return name
+
+
+@pytest.fixture
+def fake(storage_emulator, tmp_path):
+    with FakeVertex(project=PROJECT, storage_host=storage_emulator,
+                    mount_root=tmp_path / "gcs-mount") as server:
+        yield server
+
+
+def vertex_env(fake: FakeVertex, storage_emulator: str, transport: str = "rest",
+               **extra: str) -> dict[str, str]:
+    endpoint = fake.grpc_endpoint if transport == "grpc" else fake.rest_endpoint
+    return {
+        "LAUNCH_VERTEX_ENDPOINT": endpoint, "LAUNCH_LOGGING_ENDPOINT": endpoint,
+        "STORAGE_EMULATOR_HOST": storage_emulator,
+        "LAUNCH_VERTEX_POLL_S": "0", "LAUNCH_VERTEX_LOG_POLL_S": "0",
+        "LAUNCH_VERTEX_LOG_SETTLE_S": "0.3", "LAUNCH_VERTEX_RETRY_INITIAL_S": "0.05",
+        "LAUNCH_VERTEX_RPC_TIMEOUT_S": "20", **extra,
+    }
+
+
+def provider_for(fake: FakeVertex, storage_emulator: str, bucket: str = "launch-bucket",
+                 transport: str = "rest", **settings: Any) -> VertexProvider:
+    return VertexProvider.from_settings(
+        {"project": PROJECT, "region": REGION, "bucket": bucket, **settings},
+        vertex_env(fake, storage_emulator, transport))
+
+
+def make_plan(**changes: Any) -> Plan:
+    plan = Plan(strategy="ddp", machine="a2-highgpu-2g", nodes=1, gpus_per_node=2,
+                micro_batch_size=4, grad_accum_steps=1, global_batch_size=8, precision="bf16_mixed",
+                optimizer="adamw", activation_checkpointing=False, steps=4, lr=0.01)
+    return plan.replace(**changes)
+
+
+def make_job(tmp_path: Path, plan: Plan | None = None, *, attempt: int = 1, mode: str = "recipe",
+             recipe: str = TINY_RECIPE, run_id: str = RUN_ID) -> Job:
+    plan = plan or make_plan()
+    code = tmp_path / "code"
+    code.mkdir(exist_ok=True)
+    script = code / "train.py"
+    if not script.exists() or script.read_text() != textwrap.dedent(recipe):
+        script.write_text(textwrap.dedent(recipe))
+    run = tmp_path / "state" / "runs" / run_id
+    settings = TrainSettings(recipe_file=str(script), mode=mode, run_id=run_id, attempt=attempt,  # type: ignore[arg-type]
+                             checkpoint_dir=str(run / "checkpoints"))
+    rendered = render(plan, settings)
+    attempt_dir = run / f"attempt-{attempt}"
+    rendered.write(attempt_dir / "job")
+    return Job(run_id=run_id, attempt=attempt, plan=plan, rendered=rendered,
+               job_dir=attempt_dir / "job", attempt_dir=attempt_dir,
+               checkpoint_dir=run / "checkpoints", code_dir=code)
+
+
+def follow(provider: VertexProvider, job_id: str, timeout: float = 60.0,
+           cursor: Any = None) -> tuple[list[str], Any, Any]:
+    """The supervisor's loop: poll, read, stop at the first empty read after a terminal state."""
+    lines: list[str] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status = provider.poll(job_id)
+        new, cursor = provider.logs(job_id, cursor)
+        json.dumps(cursor)  # the cursor is plain JSON, always
+        lines += new
+        if status.terminal and not new:
+            return lines, status, cursor
+        if not new:
+            time.sleep(0.02)
+    raise AssertionError(f"job did not end; lines so far: {lines}")
+
+
+def output(lines: list[str]) -> list[str]:
+    """The replicas' lines, without the provider's own [vertex] progress lines."""
+    return [line for line in lines if not line.startswith("[vertex]")]
+
+
+def metrics(rank: int, step: int) -> str:
+    return (f'[rank{rank}]:{{"launch": "metrics", "rank": {rank}, "step": {step}, "loss": 1.5, '
+            f'"device": "cuda"}}')
+
+
+def parse_job(custom_job: dict[str, Any]) -> Any:
+    from google.cloud.aiplatform_v1.types import CustomJob
+    from google.protobuf import json_format
+
+    message = CustomJob()
+    json_format.ParseDict(custom_job, CustomJob.pb(message))  # strict: unknown fields raise
+    return message
+
+
+def env_of(custom_job: dict[str, Any], pool: int = 0) -> dict[str, str]:
+    container = custom_job["jobSpec"]["workerPoolSpecs"][pool]["containerSpec"]
+    return {e["name"]: e["value"] for e in container["env"]}
+
+
+def read_archive(storage: Any, uri: str) -> dict[str, bytes]:
+    bucket, _, name = uri.removeprefix("gs://").partition("/")
+    data = storage.bucket(bucket).blob(name).download_as_bytes()
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+        return {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
+
+
+# -- the request ---------------------------------------------------------------------------------
+
+
+def test_request_is_a_customjob_built_without_side_effects(tmp_path):
+    # Endpoints that nothing listens on: a dry run that tried to connect would fail.
+    dead = f"http://127.0.0.1:{_free_port()}"
+    provider = VertexProvider.from_settings(
+        {"project": PROJECT, "region": REGION, "bucket": "gs://launch-bucket/team-a"},
+        {"LAUNCH_VERTEX_ENDPOINT": dead, "LAUNCH_LOGGING_ENDPOINT": dead,
+         "STORAGE_EMULATOR_HOST": dead})
+    job = make_job(tmp_path)
+    request = provider.dryrun(job)
+    data = request.to_dict()
+    assert data["parent"] == f"projects/{PROJECT}/locations/{REGION}"
+    custom_job = data["customJob"]
+
+    # Canonical proto3 JSON of a CustomJob: it parses strictly and prints back unchanged.
+    from google.cloud.aiplatform_v1.types import CustomJob
+    from google.protobuf import json_format
+
+    assert json_format.MessageToDict(CustomJob.pb(parse_job(custom_job))) == custom_job
+
+    assert custom_job["displayName"] == f"launch-{RUN_ID}-attempt-1"
+    assert custom_job["labels"] == {"launch_run_id": RUN_ID, "launch_attempt": "1",
+                                    "launched_by": "launch"}
+    spec = custom_job["jobSpec"]
+    assert spec["baseOutputDirectory"] == {
+        "outputUriPrefix": f"gs://launch-bucket/team-a/runs/{RUN_ID}"}
+    assert spec["scheduling"] == {"timeout": "604800s", "disableRetries": True}
+    assert "serviceAccount" not in spec
+    (pool,) = spec["workerPoolSpecs"]
+    assert pool["replicaCount"] == "1"
+    assert pool["machineSpec"] == {"machineType": "a2-highgpu-2g",
+                                   "acceleratorType": "NVIDIA_TESLA_A100", "acceleratorCount": 2}
+    container = pool["containerSpec"]
+    assert container["imageUri"] == (
+        "us-docker.pkg.dev/vertex-ai/training/pytorch-gpu.2-4.py310:latest")
+    assert container["command"] == ["python3", "-c", vertex.BOOTSTRAP]
+    assert container["args"] == ["--nproc_per_node", "2", "--tee", "3", "launch_train.py"]
+    env = env_of(custom_job)
+    assert env["LAUNCH_CHECKPOINT_DIR"] == f"/gcs/launch-bucket/team-a/runs/{RUN_ID}/checkpoints"
+    assert env["LAUNCH_MICRO_BATCH_SIZE"] == "4" and env["LAUNCH_PLAN"] == "plan.json"
+    assert env["LAUNCH_RUN_ID"] == RUN_ID and env["LAUNCH_ATTEMPT"] == "1"
+    assert env["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] == "[rank${rank}]:"
+    code_uri, job_uri = env["LAUNCH_STAGED"].split()
+    assert code_uri.startswith("gs://launch-bucket/team-a/staging/code-")
+    assert job_uri.startswith("gs://launch-bucket/team-a/staging/job-")
+    assert [s["uri"] for s in data["staging"]] == [code_uri, job_uri]
+    # Nothing local leaks into what runs on Vertex AI.
+    assert str(tmp_path) not in json.dumps(custom_job)
+    # plan.json, as staged: the recipe under code/, checkpoints in the bucket.
+    staged_plan = next(m for m in request.staging[1].members if m.name == "plan.json")
+    document = json.loads(staged_plan.text or "")
+    assert document["recipe_file"] == "code/train.py"
+    assert document["checkpoint_dir"] == env["LAUNCH_CHECKPOINT_DIR"]
+    # Nothing was written but the local job files the supervisor had already rendered.
+    assert not (job.attempt_dir / "request.json").exists()
+
+
+def test_multi_node_spot_account_image_and_timeout(tmp_path):
+    provider = VertexProvider.from_settings(
+        {"project": PROJECT, "region": "europe-west4", "bucket": "launch-bucket", "spot": True,
+         "service_account": "trainer@launch-test.iam.gserviceaccount.com", "timeout": "90m",
+         "image": "europe-docker.pkg.dev/team/images/trainer:7"},
+        {"LAUNCH_VERTEX_ENDPOINT": "http://127.0.0.1:9"})
+    plan = make_plan(machine="a3-highgpu-8g", nodes=3, gpus_per_node=8, global_batch_size=96)
+    custom_job = provider.dryrun(make_job(tmp_path, plan)).to_dict()["customJob"]
+    parse_job(custom_job)
+    spec = custom_job["jobSpec"]
+    primary, workers = spec["workerPoolSpecs"]
+    assert primary["replicaCount"] == "1" and workers["replicaCount"] == "2"
+    assert primary["machineSpec"] == workers["machineSpec"] == {
+        "machineType": "a3-highgpu-8g", "acceleratorType": "NVIDIA_H100_80GB",
+        "acceleratorCount": 8}
+    assert primary["containerSpec"] == workers["containerSpec"]
+    assert primary["containerSpec"]["imageUri"] == "europe-docker.pkg.dev/team/images/trainer:7"
+    assert spec["scheduling"] == {"timeout": "5400s", "disableRetries": True, "strategy": "SPOT"}
+    assert spec["serviceAccount"] == "trainer@launch-test.iam.gserviceaccount.com"
+    assert provider.parent == f"projects/{PROJECT}/locations/europe-west4"
+
+
+def test_plain_script_runs_from_the_staged_code_folder(tmp_path):
+    provider = VertexProvider.from_settings(
+        {"project": PROJECT, "region": REGION, "bucket": "launch-bucket"},
+        {"LAUNCH_VERTEX_ENDPOINT": "http://127.0.0.1:9"})
+    request = provider.dryrun(make_job(tmp_path, mode="script", recipe="print('hi')\n"))
+    args = request.custom_job["jobSpec"]["workerPoolSpecs"][0]["containerSpec"]["args"]
+    assert args[-1] == "code/train.py"
+    assert [m.name for m in request.staging[1].members] == ["plan.json"]
+    assert [m.name for m in request.staging[0].members] == ["code/train.py"]
+
+
+def test_content_hashes_name_what_changed_only(tmp_path):
+    provider = VertexProvider.from_settings(
+        {"project": PROJECT, "region": REGION, "bucket": "launch-bucket"},
+        {"LAUNCH_VERTEX_ENDPOINT": "http://127.0.0.1:9"})
+    (tmp_path / "code" / "__pycache__").mkdir(parents=True)
+    (tmp_path / "code" / "__pycache__" / "train.cpython-311.pyc").write_bytes(b"junk")
+    (tmp_path / "code" / ".git").mkdir()
+    (tmp_path / "code" / ".git" / "HEAD").write_text("ref: main")
+    (tmp_path / "code" / "model.py").write_text("WIDTH = 16\n")
+    first = provider.dryrun(make_job(tmp_path))
+    again = provider.dryrun(make_job(tmp_path))
+    assert [a.uri for a in first.staging] == [a.uri for a in again.staging]
+    assert sorted(m.name for m in first.staging[0].members) == ["code/model.py", "code/train.py"]
+    # A replanned attempt: new plan.json, same code.
+    replanned = provider.dryrun(make_job(tmp_path, make_plan(micro_batch_size=2,
+                                                             grad_accum_steps=2), attempt=2))
+    assert replanned.staging[0].uri == first.staging[0].uri
+    assert replanned.staging[1].uri != first.staging[1].uri
+    # Edited code: a new code archive.
+    (tmp_path / "code" / "model.py").write_text("WIDTH = 32\n")
+    edited = provider.dryrun(make_job(tmp_path))
+    assert edited.staging[0].uri != first.staging[0].uri
+    assert edited.staging[1].uri == first.staging[1].uri
+
+
+@pytest.mark.parametrize(("machine", "gpus", "words"), [
+    ("a2-highgpu-1g+l4x1", 1, "cannot take 1 x NVIDIA_L4; it comes with 1 x NVIDIA_TESLA_A100"),
+    ("n1-standard-8+a100x1", 1, "machine type n1-standard-8 cannot take NVIDIA_TESLA_A100"),
+    ("n2-standard-8+t4x1", 1, "machine type n2-standard-8 cannot take NVIDIA_TESLA_T4"),
+    ("n1-standard-8+t4x3", 1, "3 GPUs cannot attach to an N1 machine"),
+    ("n1-standard-8+tpux1", 1, "unknown accelerator type 'TPU'"),
+    ("g2-standard-4", 2, "g2-standard-4 has 1 GPU(s), the plan runs 2 processes per node"),
+])
+def test_accelerators_a_machine_cannot_take_are_refused_in_one_line(machine, gpus, words):
+    with pytest.raises(UsageError) as caught:
+        vertex.machine_spec(machine, gpus)
+    assert words in str(caught.value)
+    assert "\n" not in str(caught.value) and caught.value.status == ExitStatus.USAGE
+
+
+def test_machines_outside_the_catalog_that_fit_are_accepted():
+    spec = vertex.machine_spec("n1-highmem-16+v100x4", 4)
+    assert spec.to_dict() == {"machineType": "n1-highmem-16", "acceleratorType":
+                              "NVIDIA_TESLA_V100", "acceleratorCount": 4}
+    assert vertex.machine_spec("n1-standard-8+t4x1", 1).accelerator_type == "NVIDIA_TESLA_T4"
+
+
+def test_label_values_follow_google_clouds_rules():
+    assert vertex._gcp.label_value(RUN_ID) == RUN_ID
+    long_id = "a-very-long-script-name-that-goes-on-20260801-120000-ab12-and-on"
+    cut = vertex._gcp.label_value(long_id)
+    assert len(cut) <= 63 and cut != vertex._gcp.label_value(long_id + "x")
+    changed = vertex._gcp.label_value("Train.v2")  # changed characters: a hash keeps it unique
+    assert changed.startswith("train-v2-") and len(changed) == len("train-v2-") + 8
+
+
+# -- bad input: one line each --------------------------------------------------------------------
+
+
+def test_no_region_no_project_no_bucket(tmp_path, monkeypatch):
+    import google.auth
+    from google.auth.exceptions import DefaultCredentialsError
+
+    def no_adc(**_kwargs: Any) -> Any:
+        raise DefaultCredentialsError("Your default credentials were not found.")
+
+    monkeypatch.setattr(google.auth, "default", no_adc)
+    with pytest.raises(UsageError, match="no region") as caught:
+        VertexProvider.from_settings({"project": PROJECT}, {})
+    assert "--region" in caught.value.hint
+    with pytest.raises(UsageError, match="no Google Cloud project") as caught:
+        VertexProvider.from_settings({"region": REGION}, {})
+    assert "--project" in caught.value.hint
+    provider = VertexProvider.from_settings({"project": PROJECT, "region": REGION}, {})
+    with pytest.raises(UsageError, match="no bucket") as caught:
+        provider.dryrun(make_job(tmp_path))
+    assert "--bucket" in caught.value.hint
+    with pytest.raises(UsageError, match="not an email"):
+        VertexProvider.from_settings({"project": PROJECT, "region": REGION,
+                                      "service_account": "trainer"}, {})
+    with pytest.raises(UsageError, match="not a Cloud Storage bucket name"):
+        VertexProvider.from_settings({"project": PROJECT, "region": REGION,
+                                      "bucket": "Not_A_Bucket!"}, {})
+
+
+def test_no_application_default_credentials_is_exit_6_with_the_gcloud_hint(monkeypatch):
+    import google.auth
+    from google.auth.exceptions import DefaultCredentialsError
+
+    def no_adc(**_kwargs: Any) -> Any:
+        raise DefaultCredentialsError("Your default credentials were not found.")
+
+    monkeypatch.setattr(google.auth, "default", no_adc)
+    provider = VertexProvider.from_settings({"project": PROJECT, "region": REGION}, {})
+    with pytest.raises(ProviderError) as caught:
+        provider.poll(f"projects/{PROJECT}/locations/{REGION}/customJobs/1")
+    error = caught.value
+    assert error.status == ExitStatus.PROVIDER_ERROR == 6
+    assert "application-default credentials" in error.message
+    assert "gcloud auth application-default login" in error.hint
+    assert "service-account key" in error.hint
+    assert "\n" not in str(error)
+
+
+def test_a_key_file_that_does_not_load_is_named(tmp_path):
+    missing = tmp_path / "key.json"
+    provider = VertexProvider.from_settings(
+        {"project": PROJECT, "region": REGION},
+        {"GOOGLE_APPLICATION_CREDENTIALS": str(missing)})
+    with pytest.raises(ProviderError) as caught:
+        provider.stop(f"projects/{PROJECT}/locations/{REGION}/customJobs/1")
+    assert str(missing) in caught.value.message
+    assert "gcloud auth application-default login" in caught.value.hint
+
+
+def test_a_missing_bucket_is_one_line_before_anything_is_created(fake, storage_emulator,
+                                                                 tmp_path):
+    provider = provider_for(fake, storage_emulator, bucket="no-such-bucket-here")
+    with pytest.raises(ProviderError) as caught:
+        provider.submit(make_job(tmp_path))
+    assert caught.value.message == "the bucket gs://no-such-bucket-here does not exist"
+    assert "gcloud storage buckets create gs://no-such-bucket-here" in caught.value.hint
+    assert caught.value.status == 6
+    assert not fake.calls_to("CreateCustomJob")
+
+
+def test_vertex_refusing_the_request_is_a_provider_error(fake, storage_emulator, bucket,
+                                                         tmp_path):
+    fake.fail_next("CreateCustomJob", "PERMISSION_DENIED")
+    provider = provider_for(fake, storage_emulator, bucket)
+    with pytest.raises(ProviderError) as caught:
+        provider.submit(make_job(tmp_path))
+    assert caught.value.message.startswith("creating the Vertex AI custom job:")
+    assert "roles/aiplatform.user" in caught.value.hint
+    assert len(fake.calls_to("CreateCustomJob")) == 1  # not retried
+
+
+# -- sending -------------------------------------------------------------------------------------
+
+
+def test_submit_stages_once_per_hash_and_creates_the_job_as_requested(
+        fake, storage_emulator, storage, bucket, tmp_path):
+    provider = provider_for(fake, storage_emulator, bucket)
+    request, job_id = provider.submit(make_job(tmp_path))
+    assert job_id.startswith("projects/424242/locations/us-central1/customJobs/")
+    (created,) = fake.calls_to("CreateCustomJob")
+    from google.cloud.aiplatform_v1.types import CustomJob
+    from google.protobuf import json_format
+
+    assert json_format.MessageToDict(CustomJob.pb(created.request.custom_job)) == \
+        request.custom_job
+    code_uri, job_uri = (a.uri for a in request.staging)
+    code = read_archive(storage, code_uri)
+    assert code == {"code/train.py": textwrap.dedent(TINY_RECIPE).encode()}
+    files = read_archive(storage, job_uri)
+    assert set(files) == {"launch_train.py", "plan.json"}
+    assert json.loads(files["plan.json"])["recipe_file"] == "code/train.py"
+    recorded = json.loads((tmp_path / "state" / "runs" / RUN_ID / "attempt-1" /
+                           "request.json").read_text())
+    assert recorded == json.loads(json.dumps(request.to_dict()))
+
+    code_blob = storage.bucket(bucket).get_blob(code_uri.split("/", 3)[3])
+    request2, _job2 = provider.submit(make_job(tmp_path, make_plan(micro_batch_size=2,
+                                                                   grad_accum_steps=2),
+                                               attempt=2))
+    assert request2.staging[0].uri == code_uri
+    again = storage.bucket(bucket).get_blob(code_uri.split("/", 3)[3])
+    assert again.generation == code_blob.generation  # not uploaded a second time
+    names = sorted(b.name for b in storage.list_blobs(bucket))
+    assert sum(n.split("/")[-1].startswith("code-") for n in names) == 1
+    assert sum(n.split("/")[-1].startswith("job-") for n in names) == 2
+    assert len(fake.jobs) == 2
+
+
+@pytest.mark.parametrize("transport", ["rest", "grpc"])
+@pytest.mark.parametrize("after", [True, False], ids=["job-made", "job-not-made"])
+def test_unavailable_on_create_never_makes_a_second_job(fake, storage_emulator, bucket, tmp_path,
+                                                        transport, after):
+    fake.fail_next("CreateCustomJob", "UNAVAILABLE", after=after)
+    provider = provider_for(fake, storage_emulator, bucket, transport)
+    _request, job_id = provider.submit(make_job(tmp_path))
+    assert len(fake.jobs) == 1
+    assert job_id == next(iter(fake.jobs.values())).job.name
+    assert len(fake.calls_to("CreateCustomJob")) == (1 if after else 2)
+    (lookup,) = fake.calls_to("ListCustomJobs")
+    assert lookup.request.filter == (f'labels.launch_run_id="{RUN_ID}" AND '
+                                     'labels.launch_attempt="1"')
+    assert {c.transport for c in fake.calls} == {transport}
+
+
+# -- following -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("transport", ["rest", "grpc"])
+def test_a_successful_job_is_followed_to_the_end(fake, storage_emulator, bucket, tmp_path,
+                                                 transport):
+    fake.script(
+        state("JOB_STATE_PENDING", 0.05), state("JOB_STATE_RUNNING", 0.05),
+        log("workerpool0-0", "launch: node 0 of 2"),
+        log("workerpool1-0", "launch: node 1 of 2", as_json=True),
+        log("workerpool0-0", metrics(0, 1) + "\n" + metrics(1, 1)),
+        log("workerpool1-0", metrics(2, 1), as_json=True),
+        sleep(0.1),
+        log("workerpool0-0", '[rank0]:{"launch": "done", "rank": 0, "step": 4}'),
+        finish("JOB_STATE_SUCCEEDED", delay=0.05),
+    )
+    provider = provider_for(fake, storage_emulator, bucket, transport)
+    _request, job_id = provider.submit(make_job(tmp_path, make_plan(nodes=2,
+                                                                    global_batch_size=16)))
+    lines, status, _cursor = follow(provider, job_id)
+    assert status.state == "succeeded" and status.message == ""
+    assert output(lines) == [
+        "workerpool0-0: launch: node 0 of 2", "workerpool1-0: launch: node 1 of 2",
+        f"workerpool0-0: {metrics(0, 1)}", f"workerpool0-0: {metrics(1, 1)}",
+        f"workerpool1-0: {metrics(2, 1)}",
+        'workerpool0-0: [rank0]:{"launch": "done", "rank": 0, "step": 4}',
+    ]
+    progress = [line for line in lines if line.startswith("[vertex]")]
+    number = job_id.rsplit("/", 1)[1]
+    assert progress[0].startswith(f"[vertex] job {number}: JOB_STATE_")
+    # How many states a follower sees depends on when it polls; the end it always sees.
+    assert progress[-2].endswith(" -> JOB_STATE_SUCCEEDED")
+    assert progress[-1] == f"[vertex] job {number} ended: JOB_STATE_SUCCEEDED"
+    (read,) = {c.request.filter.rsplit(" AND ", 1)[0] for c in fake.calls_to("ListLogEntries")}
+    assert read == f'resource.type="ml_job" AND resource.labels.job_id="{number}"'
+
+
+def test_late_entries_are_neither_lost_nor_repeated(fake, storage_emulator, bucket, tmp_path):
+    fake.script(
+        state("JOB_STATE_RUNNING"),
+        log("workerpool0-0", "A", insert_id="a"), log("workerpool0-0", "B", insert_id="b"),
+        wait_read("b"),
+        # Ingested late: older than B, which the follower has already read.
+        log("workerpool1-0", "C (late)", insert_id="c", backdate_s=2.0),
+        log("workerpool0-0", "D", insert_id="d"),
+        wait_read("d"),
+        log("workerpool1-0", "E (late, after the end)", insert_id="e", backdate_s=1.0),
+        finish("JOB_STATE_SUCCEEDED"),
+        sleep(0.1),
+        log("workerpool0-0", "F (ingested after the job ended)", insert_id="f", backdate_s=0.5),
+    )
+    provider = provider_for(fake, storage_emulator, bucket, "grpc")
+    _request, job_id = provider.submit(make_job(tmp_path))
+    lines, status, _cursor = follow(provider, job_id)
+    assert status.state == "succeeded"
+    assert output(lines) == ["workerpool0-0: A", "workerpool0-0: B", "workerpool1-0: C (late)",
+                             "workerpool0-0: D", "workerpool1-0: E (late, after the end)",
+                             "workerpool0-0: F (ingested after the job ended)"]
+    # The reads overlapped (C was found by re-reading behind B), and still nothing repeated.
+    assert len(fake.calls_to("ListLogEntries")) >= 3
+
+
+def test_a_cursor_is_json_and_another_process_carries_on_from_it(fake, storage_emulator,
+                                                                  bucket, tmp_path):
+    fake.script(state("JOB_STATE_RUNNING"),
+                *[log(f"workerpool0-{i % 2}", f"line {i}") for i in range(5)],
+                wait_read("e0000005"), *[log("workerpool0-0", f"line {i}") for i in range(5, 9)],
+                finish("JOB_STATE_SUCCEEDED"))
+    first = provider_for(fake, storage_emulator, bucket)
+    _request, job_id = first.submit(make_job(tmp_path))
+    fake.wait_for(lambda: len(fake.entries) >= 5)
+    seen, cursor = first.logs(job_id)
+    saved = json.dumps(cursor)
+    assert [line.split(": ", 1)[1] for line in output(seen)] == [f"line {i}" for i in range(5)]
+    # `launch logs` in a new process: a new provider, the cursor from JSON.
+    second = provider_for(fake, storage_emulator, bucket)
+    rest, status, _ = follow(second, job_id, cursor=json.loads(saved))
+    assert status.state == "succeeded"
+    assert [line.split(": ", 1)[1] for line in output(rest)] == [f"line {i}"
+                                                                for i in range(5, 9)]
+
+
+def test_a_read_cut_at_the_limit_carries_on_where_it_stopped(fake, storage_emulator, bucket,
+                                                            tmp_path, monkeypatch):
+    monkeypatch.setattr(vertex, "LOG_READ_LIMIT", 3)
+    fake.script(state("JOB_STATE_RUNNING"), *[log("workerpool0-0", f"n{i}") for i in range(10)],
+                finish("JOB_STATE_SUCCEEDED", delay=0.05))
+    provider = provider_for(fake, storage_emulator, bucket)
+    _request, job_id = provider.submit(make_job(tmp_path))
+    lines, status, _cursor = follow(provider, job_id)
+    assert [line.split(": ", 1)[1] for line in output(lines)] == [f"n{i}" for i in range(10)]
+
+
+def test_reads_are_spaced_out_while_the_job_runs(fake, storage_emulator, bucket, tmp_path):
+    fake.script(state("JOB_STATE_RUNNING"), log("workerpool0-0", "x"),
+                wait_cancel(30, "not cancelled"))
+    provider = VertexProvider.from_settings(
+        {"project": PROJECT, "region": REGION, "bucket": bucket},
+        vertex_env(fake, storage_emulator, LAUNCH_VERTEX_POLL_S="60",
+                   LAUNCH_VERTEX_LOG_POLL_S="60"))
+    _request, job_id = provider.submit(make_job(tmp_path))
+    fake.wait_for(lambda: fake.entries)
+    for _ in range(20):
+        provider.poll(job_id)
+        provider.logs(job_id, None)
+    assert len(fake.calls_to("GetCustomJob")) <= 1
+    assert len(fake.calls_to("ListLogEntries")) == 1
+    provider.stop(job_id)
+
+
+# -- out of memory -------------------------------------------------------------------------------
+
+
+OOM = ('[rank3]:{"launch": "oom", "rank": 3, "phase": "forward", "step": 3, "micro_step": 1, '
+       '"micro_batch_size": 4, "grad_accum_steps": 1, "device": "cuda", "message": "CUDA out of '
+       'memory. Tried to allocate 2.00 GiB. GPU 1 has a total capacity of 39.39 GiB"}')
+
+
+def test_cuda_oom_on_one_rank_of_a_multi_node_job_cancels_it_and_resubmits(
+        fake, storage_emulator, bucket, tmp_path):
+    from launcher.replan import replan
+    from launcher.runs import Run
+    from launcher.spec import Spec
+    from launcher.supervisor import Supervisor
+
+    # Attempt 1: rank 3 (node 1) runs out of memory; the other ranks then hang in a collective
+    # until an NCCL timeout, unless the job is cancelled.
+    fake.script(
+        state("JOB_STATE_PENDING"), state("JOB_STATE_RUNNING", 0.05),
+        *[log(f"workerpool{r // 2}-0", metrics(r, 2)) for r in range(4)],
+        log("workerpool1-0", OOM, insert_id="oom"),
+        log("workerpool1-0", "[rank3]:Traceback (most recent call last):"),
+        log("workerpool0-0", "[rank0]:still waiting on the all-reduce"),
+        wait_cancel(60, "NCCL watchdog timeout"),
+    )
+    # Attempt 2: the smaller micro-batch fits.
+    fake.script(
+        state("JOB_STATE_RUNNING"),
+        log("workerpool0-0", '[rank0]:{"launch": "resume", "rank": 0, "step": 2}'),
+        *[log(f"workerpool{r // 2}-0", f'[rank{r}]:{{"launch": "done", "rank": {r}, "step": 4}}')
+          for r in range(4)],
+        finish("JOB_STATE_SUCCEEDED"),
+    )
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "train.py").write_text(textwrap.dedent(TINY_RECIPE))
+    spec = Spec(script=code / "train.py", mode="recipe", provider="vertex", max_attempts=3,
+                region=REGION, project=PROJECT, bucket=bucket)
+    run = Run.create(tmp_path / "state", "train", {"provider": "vertex", "spec": spec.to_dict()})
+    provider = provider_for(fake, storage_emulator, bucket, "grpc")
+    lines: list[str] = []
+    notes: list[str] = []
+    supervisor = Supervisor(provider, run, on_line=lines.append, on_note=notes.append,
+                            replan=lambda plan, failure: replan(plan, failure),
+                            poll_interval_s=0.01)
+    plan = make_plan(nodes=2, gpus_per_node=2, global_batch_size=16)
+    outcome = supervisor.launch(spec, plan)
+
+    assert outcome.status == ExitStatus.SUCCESS, (outcome.message, notes)
+    first, second = outcome.attempts
+    assert first.outcome == "oom" and first.diagnosis["rank"] == 3
+    assert second.outcome == "success"
+    job1, job2 = fake.jobs.values()
+    # Cancelled once, at once: the NCCL timeout never came.
+    assert [c.request.name for c in fake.calls_to("CancelCustomJob")] == [job1.job.name]
+    assert job1.state == "JOB_STATE_CANCELLED"
+    assert job1.cancelled_at is not None
+    assert job1.cancelled_at - fake.served["oom"] < 2.0  # cancelled as soon as it was read
+    assert any("out of memory on rank 3" in note for note in notes)
+    # The resubmission: attempt 2's labels, the halved micro-batch, the same output folder.
+    body1, body2 = (c.request.custom_job for c in fake.calls_to("CreateCustomJob"))
+    assert body2.labels["launch_attempt"] == "2"
+    assert body2.labels["launch_run_id"] == body1.labels["launch_run_id"]
+    assert (body2.job_spec.base_output_directory.output_uri_prefix ==
+            body1.job_spec.base_output_directory.output_uri_prefix)
+    env2 = {e.name: e.value for e in body2.job_spec.worker_pool_specs[0].container_spec.env}
+    assert env2["LAUNCH_MICRO_BATCH_SIZE"] == "2" and env2["LAUNCH_GRAD_ACCUM_STEPS"] == "2"
+    assert len(body2.job_spec.worker_pool_specs) == 2
+
+
+@pytest.mark.parametrize("with_entry", [True, False], ids=["service-entry", "error-only"])
+def test_a_host_oom_kill_is_read_from_vertex_ai_itself(fake, storage_emulator, bucket, tmp_path,
+                                                       with_entry):
+    from launcher.failures import explain_lines
+
+    message = ("The replica workerpool0-0 ran out-of-memory and exited with a non-zero status "
+               "of 9(SIGKILL). To find out more about why your job exited please check the "
+               "logs: https://console.cloud.google.com/logs/viewer?project=launch-test")
+    steps = [state("JOB_STATE_RUNNING"), log("workerpool0-0", metrics(0, 1)),
+             log("workerpool0-0", "[rank0]:loading the next shard")]
+    if with_entry:
+        steps.append(log(None, message))
+    fake.script(*steps, finish("JOB_STATE_FAILED", message, delay=0.05))
+    provider = provider_for(fake, storage_emulator, bucket)
+    _request, job_id = provider.submit(make_job(tmp_path, make_plan(gpus_per_node=1,
+                                                                    machine="a2-highgpu-1g",
+                                                                    global_batch_size=4)))
+    lines, status, _cursor = follow(provider, job_id)
+    assert status.state == "failed" and status.message == message
+    number = job_id.rsplit("/", 1)[1]
+    assert lines[-1] == f"[vertex] job {number} error: {message}"
+    assert (f"[vertex] {message}" in lines) == with_entry
+    diagnosis = explain_lines(lines, platform="vertex")
+    assert diagnosis.failure == "host_oom"
+
+
+def test_stop_cancels_and_stopping_an_ended_job_does_nothing(fake, storage_emulator, bucket,
+                                                             tmp_path):
+    fake.script(state("JOB_STATE_RUNNING"), wait_cancel(30, "not cancelled"))
+    provider = provider_for(fake, storage_emulator, bucket, "grpc")
+    _request, job_id = provider.submit(make_job(tmp_path))
+    fake.wait_for(lambda: next(iter(fake.jobs.values())).state == "JOB_STATE_RUNNING")
+    provider.stop(job_id)
+    lines, status, _ = follow(provider, job_id)
+    assert status.state == "cancelled"
+    assert lines[-1].endswith("ended: JOB_STATE_CANCELLED")
+    fake.wait_for(lambda: next(iter(fake.jobs.values())).state == "JOB_STATE_CANCELLED")
+    provider.stop(job_id)  # Vertex AI answers FAILED_PRECONDITION; nothing to do
+    assert len(fake.calls_to("CancelCustomJob")) == 2
+
+
+# -- launch status | logs | cancel ---------------------------------------------------------------
+
+
+def test_status_logs_and_cancel_commands_on_a_vertex_run(fake, storage_emulator, bucket,
+                                                         tmp_path, cli, monkeypatch):
+    from launcher import providers
+    from launcher.runs import Attempt, Run
+
+    # The registry entry this provider asks the integrator for.
+    monkeypatch.setitem(providers.REGISTRY, "vertex", "launcher.providers.vertex:VertexProvider")
+    fake.script(state("JOB_STATE_RUNNING"), log("workerpool0-0", metrics(0, 1)),
+                log("workerpool0-0", metrics(0, 2)), wait_cancel(60, "not cancelled"))
+    environ = vertex_env(fake, storage_emulator)
+    provider = VertexProvider.from_settings(
+        {"project": PROJECT, "region": REGION, "bucket": bucket}, environ)
+    job = make_job(tmp_path)
+    _request, job_id = provider.submit(job)
+    run = Run.create(tmp_path / "state", "train", {
+        "script": str(job.code_dir / "train.py"), "provider": "vertex",
+        "spec": {"project": PROJECT, "region": REGION, "bucket": bucket}})
+    run.save_attempt(Attempt(number=1, plan=job.plan.to_dict(), job_id=job_id, state="running"))
+    fake.wait_for(lambda: len(fake.entries) >= 2)
+
+    status = cli("status", run.id, "--json", environ=environ)
+    assert status.status == 0, status.stderr
+    assert status.json()["attempts"][0]["live_state"] == "running"
+    logs = cli("logs", run.id, environ=environ)
+    assert logs.status == 0, logs.stderr
+    assert f"workerpool0-0: {metrics(0, 2)}" in logs.stdout.splitlines()
+    cancel = cli("cancel", run.id, environ=environ)
+    assert cancel.status == 0, cancel.stderr
+    assert "cancelled attempt 1" in cancel.stdout
+    assert len(fake.calls_to("CancelCustomJob")) == 1
+    assert run.attempts()[0].state == "cancelled"
+
+
+# -- end to end: the fake runs the submitted job for real ------------------------------------------
+
+OOM_AT_MICRO_BATCH_4 = TINY_RECIPE.replace(
+    "def training_step(model, batch):\n",
+    "CALLS = 0\n\n\n"
+    "def training_step(model, batch):\n"
+    "    global CALLS\n"
+    "    CALLS += 1\n"
+    "    if batch['x'].shape[0] >= 4 and CALLS >= 3:\n"
+    "        raise torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 2.00 GiB '\n"
+    "                                     '(raised by the test recipe)')\n",
+)
+
+
+def test_end_to_end_the_staged_job_runs_on_two_nodes_ooms_and_resumes(
+        fake, storage_emulator, storage, bucket, tmp_path):
+    """The fake takes the code from the storage emulator, runs each worker pool's own command
+    (the bootstrap, then torchrun on the CPU) as two nodes, and serves their real output as log
+    entries: the request, the staging and the templates fit together, OOM and resume included."""
+    from launcher.replan import replan
+    from launcher.runs import Run
+    from launcher.spec import Spec
+    from launcher.supervisor import Supervisor
+
+    fake.script(state("JOB_STATE_PENDING"), execute())
+    fake.script(state("JOB_STATE_PENDING"), execute())
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "train.py").write_text(textwrap.dedent(OOM_AT_MICRO_BATCH_4))
+    spec = Spec(script=code / "train.py", mode="recipe", provider="vertex", max_attempts=2,
+                checkpoint_every=1, region=REGION, project=PROJECT, bucket=bucket)
+    run = Run.create(tmp_path / "state", "train", {"provider": "vertex", "spec": spec.to_dict()})
+    provider = provider_for(fake, storage_emulator, bucket, "grpc")
+    lines: list[str] = []
+    notes: list[str] = []
+    supervisor = Supervisor(provider, run, on_line=lines.append, on_note=notes.append,
+                            replan=lambda plan, failure: replan(plan, failure),
+                            poll_interval_s=0.05)
+    plan = Plan(strategy="ddp", machine="g2-standard-4", nodes=2, gpus_per_node=1,
+                micro_batch_size=4, grad_accum_steps=1, global_batch_size=8, precision="fp32",
+                optimizer="adamw", activation_checkpointing=False, steps=4, lr=0.01)
+    outcome = supervisor.launch(spec, plan)
+    text = "\n".join(lines)
+    assert outcome.status == ExitStatus.SUCCESS, (outcome.message, notes, text[-3000:])
+
+    first, second = outcome.attempts
+    # Stopped on the allocator's message or on the template's line, whichever came first.
+    assert first.outcome == "oom" and first.diagnosis.get("phase") == "forward", first
+    assert second.outcome == "success" and second.summary["resumed_from_step"] == 2
+    assert second.summary["steps"] == 4
+    # Real output of both nodes, each rank prefixed by its global rank.
+    for node, rank in (("workerpool0-0", 0), ("workerpool1-0", 1)):
+        assert any(line.startswith(f"{node}: [rank{rank}]:") and '"launch": "metrics"' in line
+                   for line in lines), text[-3000:]
+    assert any(line.startswith("workerpool1-0: launch: node 1 of 2") for line in lines)
+    # Checkpoints went to the bucket's folder through the stand-in for /gcs, shared by attempts.
+    checkpoints = fake.mount_root / bucket / "launch" / "runs" / run.id / "checkpoints"
+    assert sorted(p.name for p in checkpoints.glob("step_*.pt"))[-1] == "step_00000004.pt"
+    # The code was staged once, the job files once per attempt.
+    names = [b.name.rsplit("/", 1)[-1] for b in storage.list_blobs(bucket)]
+    assert sum(n.startswith("code-") for n in names) == 1
+    assert sum(n.startswith("job-") for n in names) == 2
