@@ -42,7 +42,8 @@ def _counted(info: ScriptInfo, precision: str, optimizer: str, checkpointing: bo
 
     return Footprint(kind="traced", precision=precision, optimizer=optimizer,
                      activation_checkpointing=checkpointing, parameters=info.parameters,
-                     memory_at=memory_at,
+                     memory_at=memory_at, unit_parameters=info.unit_parameters,
+                     flops_per_sample=info.flops_per_sample,
                      note="activations are not estimated yet: the plan checks model states only")
 
 

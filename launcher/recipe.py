@@ -48,6 +48,8 @@ class ScriptInfo:
     parameter_bytes: int | None = None
     buffer_bytes: int | None = None
     wrap_modules: tuple[str, ...] = ()
+    unit_parameters: int | None = None
+    flops_per_sample: float | None = None
     hardware: Hardware = field(default_factory=Hardware)
 
 
@@ -107,6 +109,8 @@ def inspect_script(
         trainable_parameters=answer.get("trainable_parameters"),
         parameter_bytes=answer.get("parameter_bytes"), buffer_bytes=answer.get("buffer_bytes"),
         wrap_modules=tuple(answer.get("wrap_modules") or ()), hardware=hardware,
+        unit_parameters=answer.get("unit_parameters"),
+        flops_per_sample=answer.get("flops_per_sample"),
     )
 
 
@@ -208,11 +212,41 @@ def _probe(script: Path) -> dict[str, Any]:
         return {"error": {"what": what, "type": type(exc).__name__, "message": message[:300],
                           "file": file, "line": line}}
     params = list({id(p): p for p in model.parameters()}.values())
+    if hasattr(module, "wrap_modules"):
+        # FSDP gathers one wrapped block at a time: the largest sets the gather buffer.
+        kinds = tuple(module.wrap_modules())
+        units = [sum(p.numel() for p in m.parameters()) for m in model.modules()
+                 if isinstance(m, kinds)]
+        answer["unit_parameters"] = max(units) if units else None
+    answer["flops_per_sample"] = _training_flops(module)
     answer["parameters"] = sum(p.numel() for p in params)
     answer["trainable_parameters"] = sum(p.numel() for p in params if p.requires_grad)
     answer["parameter_bytes"] = sum(p.numel() * p.element_size() for p in params)
     answer["buffer_bytes"] = sum(b.numel() * b.element_size() for b in model.buffers())
     return answer
+
+
+def _training_flops(module: Any) -> float | None:
+    """Forward + backward FLOPs of one sample, counted by PyTorch's FlopCounterMode on fake
+    tensors (nothing is computed or allocated). None when the step cannot run on fake tensors
+    (data-dependent shapes, say); the cost model then says the step time is unknown."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils.flop_counter import FlopCounterMode
+
+    try:
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            model = module.build_model()
+            batch = module.example_batch(1)
+            counter = FlopCounterMode(display=False)
+            with counter:
+                loss = module.training_step(model, batch)
+                loss.backward()
+        return float(counter.get_total_flops()) or None
+    except Exception:  # the estimate degrades to "unknown", the launch goes on
+        return None
+    finally:
+        torch.set_grad_enabled(True)
 
 
 def main(argv: list[str]) -> int:

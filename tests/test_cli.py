@@ -194,3 +194,13 @@ def test_machines_unknown_gpu_suggests(cli):
     result = cli("machines", "--provider", "sagemaker", "--gpu", "A200")
     assert result.status == ExitStatus.USAGE
     assert "did you mean" in result.stderr
+
+
+def test_recipe_probe_counts_units_and_flops(tiny_recipe):
+    from launcher.recipe import inspect_script
+
+    info = inspect_script(tiny_recipe)
+    assert info.unit_parameters == 16 * 16 + 16  # one Block
+    # Forward + backward of one sample: three linear layers, 2 x (2 x in x out) each (matmul
+    # flops for the input and weight gradients); the head has no input gradient to compute.
+    assert info.flops_per_sample is not None and info.flops_per_sample > 2 * 2 * 16 * 16
