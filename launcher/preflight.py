@@ -7,13 +7,15 @@ It picks the estimate that the input allows (a recipe is traced; a plain script 
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 
 from launcher.estimate.analytic import ModelShape, load_config, shape_from_params
+from launcher.estimate.calibration import model_key
 from launcher.estimate.footprint import Footprint, from_shape
 from launcher.estimate.states import model_states
 from launcher.plan.plan import Memory
 from launcher.plan.planner import PlanResult, plan
-from launcher.plan.targets import cloud_targets, local_target
+from launcher.plan.targets import calibrated, cloud_targets, local_target
 from launcher.recipe import ScriptInfo
 from launcher.spec import Spec
 
@@ -47,7 +49,7 @@ def _counted(info: ScriptInfo, precision: str, optimizer: str, checkpointing: bo
                      note="activations are not estimated yet: the plan checks model states only")
 
 
-def preflight(spec: Spec, info: ScriptInfo) -> PlanResult:
+def preflight(spec: Spec, info: ScriptInfo, state_dir: Path | None = None) -> PlanResult:
     shape, source = describe(spec, info)
 
     @functools.cache
@@ -61,6 +63,7 @@ def preflight(spec: Spec, info: ScriptInfo) -> PlanResult:
         targets = [local_target(spec, info.hardware)]
     else:
         targets = cloud_targets(spec.provider, spec)
+    targets = calibrated(targets, state_dir, model_key(spec.script))
     parameters = shape.parameters if shape is not None else info.parameters
     can_checkpoint = shape is not None or "wrap_modules" in info.hooks
     return plan(spec, estimator, targets, spec.provider, parameters=parameters, source=source,

@@ -222,4 +222,16 @@ class Supervisor:
             attempt.outcome = "failed"
         attempt.summary = {**attempt.summary, **progress.summary(), "message": status.message}
         self.run.save_attempt(attempt)
+        self._calibrate(attempt)
         return progress
+
+    def _calibrate(self, attempt: Attempt) -> None:
+        """Feed what a GPU run measured back into later estimates (never fatal)."""
+        from launcher.estimate.calibration import from_attempt, model_key
+
+        script = Path(self.run.info.get("script", ""))
+        try:
+            from_attempt(self.run.path.parent.parent, attempt.plan.get("machine"),
+                         model_key(script), attempt.plan, attempt.summary)
+        except OSError:
+            pass

@@ -57,6 +57,10 @@ class Target:
     max_nodes: int = 1
     #: An address-space cap (local --memory-limit): not comparable with allocated bytes.
     address_space_cap: bool = False
+    #: From calibration (real runs on this machine type): allocator slack, and how much more
+    #: than predicted this model allocated. Defaults: the overheads module's, and 1.
+    reserve_ratio: float | None = None
+    allocated_scale: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -137,11 +141,13 @@ def per_gpu_memory(fp: Footprint, target: Target, strategy: str, nodes: int, gpu
         parts = (params, grads, opt, activations, temporary, gather)
         peak = None if any(p is None for p in parts) else (
             params + grads + opt + max(activations + gather, temporary))  # type: ignore[operator]
+    if peak is not None and target.allocated_scale != 1.0:
+        peak = math.ceil(peak * target.allocated_scale)
     capacity = target.memory_bytes
     if target.cpu:
         return Memory(parameters=params, gradients=grads, optimizer=opt, activations=activations,
                       temporary=temporary, peak_allocated=peak, total=peak, capacity=capacity)
-    over = gpu_overheads(target.generation, nodes * gpus)
+    over = gpu_overheads(target.generation, nodes * gpus, target.reserve_ratio)
     reserved = None if peak is None else math.ceil((peak + over.cublas) * over.reserve_ratio)
     total = None if reserved is None else reserved + over.framework
     return Memory(parameters=params, gradients=grads, optimizer=opt, activations=activations,

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+from pathlib import Path
+
+from launcher.estimate.calibration import lookup
 from launcher.plan.catalog import UnknownMachine, load_catalog
 from launcher.plan.planner import Target
 from launcher.recipe import Hardware
@@ -10,6 +14,22 @@ from launcher.status import UsageError
 
 #: Nodes the planner may add on a cloud when one machine is not enough.
 MAX_CLOUD_NODES = 16
+
+
+def calibrated(targets: list[Target], state_dir: Path | None, model: str | None
+               ) -> list[Target]:
+    """Each target with what earlier runs on its machine type measured (see calibration)."""
+    if state_dir is None:
+        return targets
+    out = []
+    for t in targets:
+        if t.cpu:
+            out.append(t)
+            continue
+        cal = lookup(state_dir, t.name, model)
+        out.append(replace(t, reserve_ratio=cal.reserve_ratio,
+                           allocated_scale=cal.allocated_scale))
+    return out
 
 
 def local_target(spec: Spec, hw: Hardware) -> Target:

@@ -157,3 +157,18 @@ def test_html_report_escapes_and_shows_the_plan(cli, write_script, gpt2_config, 
     assert "Chosen: single on 1 x 1 x g2-standard-8" in html
     assert "gradient accumulation alone" in html
     assert 'class="bar"' in html
+
+
+def test_calibration_from_earlier_runs_raises_the_estimate(cli, plain, gpt2_config, tmp_path):
+    from launcher.estimate.calibration import Record, model_key, record
+
+    args = ("plan", str(plain), "--provider", "vertex", "--machine", "g2-standard-8",
+            "--model-config", str(gpt2_config), "--global-batch-size", "64", "--json")
+    before = cli(*args).json()["chosen"]["memory"]
+    record(tmp_path / "state", Record(
+        gpu="g2-standard-8", model=model_key(plain), predicted_allocated=100,
+        measured_allocated=110, measured_reserved=143, at=0.0))
+    after = cli(*args).json()["chosen"]["memory"]
+    assert after["peak_allocated"] > before["peak_allocated"]  # x 1.1: this model's own record
+    ratio = after["peak_reserved"] / after["peak_allocated"]
+    assert 1.29 < ratio < 1.31  # 143 / 110: the machine's measured allocator slack
