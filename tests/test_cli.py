@@ -162,17 +162,13 @@ def test_json_error_object(cli):
 
 
 def test_unwritable_state_folder(cli, tiny_recipe, tmp_path):
-    locked = tmp_path / "locked"
-    locked.mkdir()
-    locked.chmod(0o500)
-    try:
-        result = cli(str(tiny_recipe), environ={"LAUNCH_STATE_DIR": str(locked / "state")})
-    finally:
-        locked.chmod(0o700)
-    # root ignores permission bits: then the run simply works, which is fine too.
-    if result.status != 0:
-        assert result.status == ExitStatus.USAGE
-        assert "cannot write the state folder" in result.stderr
+    # A path under a regular file cannot be created, even by root (permission bits would not do).
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    result = cli(str(tiny_recipe), environ={"LAUNCH_STATE_DIR": str(blocker / "state")})
+    assert result.status == ExitStatus.USAGE
+    assert "cannot write the state folder" in result.stderr
+    assert result.stderr.count("\n") == 1
 
 
 def test_unknown_run_id(cli):
