@@ -138,8 +138,11 @@ def _run_child(args: list[str], *, python: str, timeout_s: float | None,
     try:
         answer = json.loads(last[0])
     except json.JSONDecodeError:
-        detail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        raise UsageError(f"could not load {path.name}: {detail}") from None
+        detail = (proc.stderr.strip().splitlines() or [f"it exited with status {proc.returncode}"
+                                                       " without an answer"])[-1]
+        raise UsageError(f"could not load {path.name}: {detail}",
+                         "launch imports the script and runs build_model, example_batch and "
+                         "training_step on fake tensors; they must not exit the process") from None
     if "error" in answer:
         err = answer["error"]
         where = f" ({Path(err['file']).name}:{err['line']})" if err.get("file") else ""

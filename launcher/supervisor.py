@@ -9,6 +9,7 @@ none, or the attempts are used up, the run ends with exit status 5.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -82,6 +83,22 @@ def _max(a: int | None, b: Any) -> int | None:
     return int(b) if a is None else max(a, int(b))
 
 
+#: A platform that could not give (or kept) the machines: SageMaker's CapacityError and EC2's
+#: InsufficientInstanceCapacity, Compute Engine's stockouts as Vertex reports them.
+CAPACITY = re.compile(
+    r"CapacityError|InsufficientInstanceCapacity|insufficient capacity|"
+    r"resources are insufficient|does not have enough resources|"
+    r"ZONE_RESOURCE_POOL_EXHAUSTED|stockout", re.IGNORECASE)
+
+
+def _lost_capacity(attempt: Attempt) -> bool:
+    """Preempted, or never given its machines: worth the same plan again (resumed)."""
+    diagnosis = attempt.diagnosis or {}
+    if diagnosis.get("signature") == "preemption":
+        return True
+    return bool(CAPACITY.search(str(attempt.summary.get("message") or "")))
+
+
 def build_job(spec: Spec, plan: Plan, run_id: str, number: int, run_path: Path) -> Job:
     """The job of one attempt, rendered but not written: ``launch plan`` shows its request."""
     settings = TrainSettings(
@@ -149,6 +166,12 @@ class Supervisor:
                 return RunOutcome(self.run, ExitStatus.INTERRUPTED, attempts,
                                   f"attempt {number} was cancelled")
             if attempt.outcome != "oom":
+                if _lost_capacity(attempt) and number < spec.max_attempts:
+                    change = ("the machine was taken away (preemption or no capacity), not a "
+                              "fault of the plan: the same plan again, resumed from the last "
+                              "checkpoint")
+                    self.on_note(change)
+                    continue
                 return RunOutcome(self.run, ExitStatus.JOB_FAILED, attempts,
                                   f"attempt {number} failed: {attempt.summary.get('message')}")
             fixed = self.replan(plan, attempt.diagnosis or {}) if self.replan else None
@@ -208,6 +231,8 @@ class Supervisor:
         if status.message:
             watcher.feed(status.message)  # the platform's failure text: a second signal
         diagnosis = watcher.result()
+        if diagnosis.failure == "other":
+            attempt.diagnosis = diagnosis.to_dict()
         if progress.oom is not None or diagnosis.failure in MEMORY_FAILURES:
             attempt.outcome = "oom"
             event = {k: v for k, v in (progress.oom or {}).items() if k != "launch"}

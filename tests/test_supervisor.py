@@ -136,6 +136,40 @@ def test_oom_partway_resumes_from_the_last_checkpoint(cli, write_script):
     assert data["summary"]["steps"] == 4
 
 
+# Preempted once: the first attempt prints a spot interruption notice and dies; the marker file
+# tells the second attempt it is the second.
+PREEMPTED_RECIPE = TINY_RECIPE.replace(
+    "def training_step(model, batch):\n",
+    "import os, pathlib, sys\n"
+    "MARK = pathlib.Path(__file__).with_name('preempted-once')\n\n"
+    "def training_step(model, batch):\n"
+    "    if 'LOCAL_RANK' in os.environ and not MARK.exists():  # in the job, not the preflight\n"
+    "        MARK.write_text('1')\n"
+    "        print('Spot instance interruption notice: the instance will be reclaimed', "
+    "flush=True)\n"
+    "        os._exit(1)\n",
+)
+
+
+def test_preemption_resubmits_the_same_plan(cli, write_script):
+    script = write_script(PREEMPTED_RECIPE)
+    result = cli(str(script), "--json")
+    assert result.status == 0, result.stderr
+    first, second = result.json()["attempts"]
+    assert first["outcome"] == "failed" and first["diagnosis"]["signature"] == "preemption"
+    assert second["outcome"] == "success" and second["plan"] == first["plan"]
+    assert "same plan again" in second["change"]
+
+
+def test_a_plain_failure_is_not_retried(cli, write_script):
+    script = write_script(TINY_RECIPE.replace(
+        "def training_step(model, batch):\n",
+        "def training_step(model, batch):\n    raise ValueError('bug in the loss')\n"))
+    result = cli(str(script), "--json")
+    assert result.status == ExitStatus.JOB_FAILED
+    assert len(result.json()["attempts"]) == 1
+
+
 def _launch_subprocess(script: Path, state: Path, *args: str) -> subprocess.Popen:
     env = {**os.environ, "LAUNCH_STATE_DIR": str(state)}
     return subprocess.Popen([sys.executable, "-m", "launcher.cli", str(script), *args],
