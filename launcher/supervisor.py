@@ -182,6 +182,12 @@ class Supervisor:
                                   f"change of micro-batch or checkpointing is left to try; "
                                   f"{diagnosis.get('advice', '')}".rstrip("; "))
             plan, change = fixed
+            spent = sum(a.cost_usd or 0.0 for a in attempts)
+            if spec.budget is not None and spent + (plan.total_cost_usd or 0.0) > spec.budget:
+                return RunOutcome(self.run, ExitStatus.OVER_BUDGET, attempts,
+                                  f"${spent:,.2f} spent; the fixed plan's "
+                                  f"${plan.total_cost_usd or 0:,.2f} more would pass the "
+                                  f"${spec.budget:,.2f} budget")
             self.on_note(f"replanned: {change}")
         return RunOutcome(self.run, ExitStatus.OUT_OF_MEMORY, attempts,
                           f"still out of memory after {spec.max_attempts} attempts")
@@ -228,6 +234,9 @@ class Supervisor:
         attempt.state = status.state
         attempt.exit_code = status.exit_code
         attempt.ended_at = time.time()
+        price = attempt.plan.get("cost_per_hour_usd")
+        if price is not None:  # billed time, as the plan's machines cost it
+            attempt.cost_usd = round(price * (attempt.ended_at - attempt.started_at) / 3600, 4)
         if status.message:
             watcher.feed(status.message)  # the platform's failure text: a second signal
         diagnosis = watcher.result()
