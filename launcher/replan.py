@@ -12,18 +12,49 @@ from __future__ import annotations
 
 from typing import Any
 
+from launcher.estimate.overheads import SAFETY_MARGIN
 from launcher.plan.plan import Plan
 
 ACTIVATION_PHASES = ("forward", "backward", "data", "eval")
 
 
-def _smaller_micro_batch(plan: Plan) -> int | None:
-    """The largest micro-batch <= half the current one that still divides the per-rank batch."""
+def _divisors_below(plan: Plan, limit: int) -> list[int]:
     per_rank = plan.global_batch_size // plan.world_size
-    for micro in range(plan.micro_batch_size // 2, 0, -1):
-        if per_rank % micro == 0:
+    return [m for m in range(min(limit, per_rank), 0, -1) if per_rank % m == 0]
+
+
+def measured_need(plan: Plan, failure: dict[str, Any]) -> int | None:
+    """What the failed step needed on its GPU, by the allocator's own figures: what it held when
+    the allocation failed plus the allocation. None when the log did not say."""
+    requested = failure.get("requested_bytes")
+    held = failure.get("reserved_bytes") or failure.get("allocated_bytes")
+    if not requested or not held:
+        return None
+    return int(held) + int(requested)
+
+
+def _calibrated_micro_batch(plan: Plan, failure: dict[str, Any]) -> int | None:
+    """The largest micro-batch that fits once the estimate is corrected by what the failure
+    proved: at micro-batch m the step needed at least ``measured_need`` bytes. Model states and
+    overheads do not depend on the micro-batch; the rest scales with it."""
+    need = measured_need(plan, failure)
+    m = plan.memory
+    capacity = failure.get("capacity_bytes") or m.capacity
+    if need is None or not capacity or m.model_states is None:
+        return None
+    fixed = m.model_states + (m.framework_overhead or 0)
+    per_sample = max(0, need + (m.framework_overhead or 0) - fixed) / plan.micro_batch_size
+    usable = capacity * (1 - SAFETY_MARGIN)
+    for micro in _divisors_below(plan, plan.micro_batch_size - 1):
+        if fixed + per_sample * micro <= usable:
             return micro
     return None
+
+
+def _smaller_micro_batch(plan: Plan) -> int | None:
+    """The largest micro-batch <= half the current one that still divides the per-rank batch."""
+    options = _divisors_below(plan, plan.micro_batch_size // 2)
+    return options[0] if options else None
 
 
 def replan(plan: Plan, failure: dict[str, Any], *, can_checkpoint: bool = True
@@ -35,15 +66,19 @@ def replan(plan: Plan, failure: dict[str, Any], *, can_checkpoint: bool = True
                                              and phase in ACTIVATION_PHASES)
     if not activations:
         return None
-    micro = _smaller_micro_batch(plan)
+    micro = _calibrated_micro_batch(plan, failure)
+    how = "by the allocator's figures in the failure"
+    if micro is None:
+        micro, how = _smaller_micro_batch(plan), "halved (the failure gave no figures)"
     if micro is not None:
         accum = plan.global_batch_size // (micro * plan.world_size)
         fixed = plan.replace(micro_batch_size=micro, grad_accum_steps=accum, fits=None,
                              note=f"micro-batch {plan.micro_batch_size} -> {micro}")
         return fixed, (
             f"out of memory in {phase} at micro-batch {plan.micro_batch_size}: activations grow "
-            f"with the micro-batch, so micro-batch {plan.micro_batch_size} -> {micro} with "
-            f"{accum} accumulation steps (global batch {plan.global_batch_size} unchanged)")
+            f"with the micro-batch, so micro-batch {plan.micro_batch_size} -> {micro} ({how}) "
+            f"with {accum} accumulation steps (global batch {plan.global_batch_size} "
+            "unchanged)")
     if can_checkpoint and not plan.activation_checkpointing:
         fixed = plan.replace(activation_checkpointing=True, fits=None,
                              note="activation checkpointing")

@@ -36,3 +36,24 @@ def test_micro_batch_one_turns_on_checkpointing():
 def test_model_states_are_not_fixed_by_batch_size():
     assert replan(_plan(micro=8), {"phase": "optimizer"}) is None
     assert replan(_plan(micro=8), {"phase": "forward", "cause": "model_states"}) is None
+
+
+def test_the_allocators_figures_pick_the_micro_batch_that_fits():
+    from launcher.plan.plan import Memory
+
+    GiB = 1024**3
+    plan = _plan(micro=16).replace(memory=Memory(
+        parameters=2 * GiB, gradients=2 * GiB, optimizer=4 * GiB, framework_overhead=GiB,
+        capacity=24 * GiB))
+    # At micro-batch 16 the step held 22 GiB and asked for 4 more: 26 GiB. Model states and the
+    # context (9 GiB) are fixed; the other 18 GiB are 16 samples' worth, 1.125 GiB a sample.
+    failure = {"phase": "forward", "requested_bytes": 4 * GiB, "reserved_bytes": 22 * GiB,
+               "capacity_bytes": 24 * GiB}
+    fixed, why = replan(plan, failure)
+    # 9 + 1.125 m <= 22.8 GiB usable -> m <= 12.3; the largest divisor of 16 below 16 is 8.
+    assert fixed.micro_batch_size == 8 and fixed.grad_accum_steps == 2
+    assert "allocator's figures" in why
+    # A failure far over capacity needs a bigger cut than halving.
+    failure["reserved_bytes"], failure["requested_bytes"] = 23 * GiB, 40 * GiB
+    fixed, _ = replan(plan, failure)
+    assert fixed.micro_batch_size < 8
