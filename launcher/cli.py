@@ -162,7 +162,7 @@ def _plan(env: Environment, options: dict[str, Any], *, dry_run: bool = False
     info = inspect_script(options["script"], python=env.python, env=env.environ,
                           local=name == "local")
     spec = build_spec(options, info)
-    result = preflight(spec, info, env.state_dir)
+    result = preflight(spec, info, env.state_dir, env.environ)
     if provider_error:
         result.notes.append(f"no {name} request: {provider_error}")
     return spec, info, result, provider

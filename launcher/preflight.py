@@ -7,6 +7,8 @@ It picks the estimate that the input allows (a recipe is traced; a plain script 
 from __future__ import annotations
 
 import functools
+import os
+from dataclasses import replace
 from pathlib import Path
 
 from launcher.estimate.analytic import ModelShape, load_config, shape_from_params
@@ -18,6 +20,10 @@ from launcher.plan.planner import PlanResult, plan
 from launcher.plan.targets import calibrated, cloud_targets, local_target
 from launcher.recipe import ScriptInfo
 from launcher.spec import Spec
+from launcher.status import UsageError
+
+#: Seconds a trace may take before the plan falls back to model states (LAUNCH_TRACE_TIMEOUT).
+DEFAULT_TRACE_TIMEOUT_S = 120.0
 
 
 def describe(spec: Spec, info: ScriptInfo) -> tuple[ModelShape | None, str]:
@@ -49,20 +55,63 @@ def _counted(info: ScriptInfo, precision: str, optimizer: str, checkpointing: bo
                      note="activations are not estimated yet: the plan checks model states only")
 
 
-def preflight(spec: Spec, info: ScriptInfo, state_dir: Path | None = None) -> PlanResult:
+def _traced(spec: Spec, info: ScriptInfo, precision: str, optimizer: str,
+            checkpointing: bool, device: str, environ: dict[str, str]) -> Footprint:
+    """The recipe's own training step traced on fake tensors (see estimate/traced.py).
+
+    A trace that cannot finish in time falls back to the counted model states, with a note; an
+    error in the user's code is theirs to fix and stops the launch with its file and line.
+    """
+    from launcher.estimate.traced import TraceError, TraceTimeout, trace_recipe
+
+    # The templates use the recipe's build_optimizer unless the optimizer is pinned: so does
+    # the trace.
+    pinned = spec.optimizer is not None or "build_optimizer" not in info.hooks
+    timeout = float(environ.get("LAUNCH_TRACE_TIMEOUT", DEFAULT_TRACE_TIMEOUT_S))
+    try:
+        trace = trace_recipe(
+            spec.script, micro_batch_sizes=(1, 2, 4), precision=precision,
+            optimizer=optimizer if pinned else None, activation_checkpointing=checkpointing,
+            grad_accum_steps=2, device=device, timeout_s=timeout,  # type: ignore[arg-type]
+            max_grad_norm=spec.max_grad_norm, lr=spec.lr, weight_decay=spec.weight_decay,
+            seed=spec.seed)
+    except TraceTimeout:
+        counted = _counted(info, precision, optimizer, checkpointing)
+        return replace(counted, note=f"the trace took longer than {timeout:.0f} s "
+                       "(LAUNCH_TRACE_TIMEOUT): the plan checks model states only")
+    except TraceError as exc:
+        where = f"{Path(exc.file).name}:{exc.line}: " if exc.file and exc.line else ""
+        raise UsageError(f"tracing the recipe failed: {where}{exc.message}",
+                         "fix the script, or set LAUNCH_NO_TRACE=1 to plan on model states "
+                         "only") from None
+    note = "; ".join(trace.notes[:2]) if trace.is_bound else ""
+    return Footprint(kind="upper_bound" if trace.is_bound else "traced", precision=precision,
+                     optimizer=optimizer, activation_checkpointing=checkpointing,
+                     parameters=trace.parameters, memory_at=trace.memory_at,
+                     unit_parameters=info.unit_parameters,
+                     flops_per_sample=info.flops_per_sample, note=note)
+
+
+def preflight(spec: Spec, info: ScriptInfo, state_dir: Path | None = None,
+              environ: dict[str, str] | None = None) -> PlanResult:
     shape, source = describe(spec, info)
+    environ = dict(os.environ if environ is None else environ)
+    if spec.provider == "local":
+        targets = [local_target(spec, info.hardware)]
+    else:
+        targets = cloud_targets(spec.provider, spec)
+    device = "cpu" if targets and all(t.cpu for t in targets) else "cuda"
+    trace = info.mode == "recipe" and shape is None and environ.get("LAUNCH_NO_TRACE") != "1"
 
     @functools.cache
     def estimator(precision: str, optimizer: str, checkpointing: bool) -> Footprint:
         if shape is not None:
             return from_shape(shape, precision=precision, optimizer=optimizer,
                               checkpointing=checkpointing, kind=source)
+        if trace:
+            return _traced(spec, info, precision, optimizer, checkpointing, device, environ)
         return _counted(info, precision, optimizer, checkpointing)
 
-    if spec.provider == "local":
-        targets = [local_target(spec, info.hardware)]
-    else:
-        targets = cloud_targets(spec.provider, spec)
     targets = calibrated(targets, state_dir, model_key(spec.script))
     parameters = shape.parameters if shape is not None else info.parameters
     can_checkpoint = shape is not None or "wrap_modules" in info.hooks

@@ -31,14 +31,18 @@ class Result:
 
 @pytest.fixture
 def cli(tmp_path: Path):
-    """Run `launch ARGS` in-process with its state under tmp_path; returns a Result."""
+    """Run `launch ARGS` in-process with its state under tmp_path; returns a Result.
+
+    Tracing is off unless a test turns it on (``environ={"LAUNCH_NO_TRACE": "0"}``): these tests
+    are about the CLI and the runs, and each trace costs seconds; tests/estimate covers it.
+    """
 
     def run(*args: str, cwd: Path | None = None, environ: dict[str, str] | None = None) -> Result:
         out, err = io.StringIO(), io.StringIO()
         env = Environment(
             stdout=out, stderr=err, cwd=cwd or tmp_path,
             environ={**os.environ, "LAUNCH_STATE_DIR": str(tmp_path / "state"),
-                     **(environ or {})},
+                     "LAUNCH_NO_TRACE": "1", **(environ or {})},
             python=sys.executable,
         )
         status = main(list(args), env)

@@ -116,7 +116,8 @@ def test_bad_size_flag(cli, tiny_recipe):
 
 
 def test_plan_json_contract(cli, tiny_recipe):
-    result = cli("plan", str(tiny_recipe), "--json", "--micro-batch-size", "2")
+    result = cli("plan", str(tiny_recipe), "--json", "--micro-batch-size", "2",
+                 environ={"LAUNCH_NO_TRACE": "1"})
     assert result.status == 0, result.stderr
     data = result.json()
     assert set(data) >= {"model", "plans", "chosen", "rejected", "request"}
@@ -137,6 +138,19 @@ def test_plan_json_contract(cli, tiny_recipe):
     assert chosen["memory"]["parameters"] == 4 * params
     assert chosen["memory"]["optimizer"] == 8 * params
     assert chosen["memory"]["activations"] is None  # not known: never a guess
+
+
+def test_plan_traces_the_recipe(cli, tiny_recipe):
+    data = cli("plan", str(tiny_recipe), "--json", "--micro-batch-size", "2",
+               environ={"LAUNCH_NO_TRACE": "0"}).json()
+    memory = data["chosen"]["memory"]
+    params = data["model"]["parameters"]
+    assert memory["parameters"] == 4 * params
+    # Two fp32 moments per parameter, and AdamW's fp32 step counter per parameter tensor (6).
+    assert memory["optimizer"] == 8 * params + 6 * 4
+    assert memory["activations"] > 0
+    assert memory["peak_allocated"] >= 16 * params  # states and more
+    assert data["chosen"]["fits"] is True  # tiny, on this machine's RAM
 
 
 def test_config_file_and_flags_precedence(cli, tiny_recipe, tmp_path):

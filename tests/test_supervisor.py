@@ -171,7 +171,7 @@ def test_a_plain_failure_is_not_retried(cli, write_script):
 
 
 def _launch_subprocess(script: Path, state: Path, *args: str) -> subprocess.Popen:
-    env = {**os.environ, "LAUNCH_STATE_DIR": str(state)}
+    env = {**os.environ, "LAUNCH_STATE_DIR": str(state), "LAUNCH_NO_TRACE": "1"}
     return subprocess.Popen([sys.executable, "-m", "launcher.cli", str(script), *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                             cwd=str(script.parent))

@@ -1,0 +1,1261 @@
+"""The child process of the traced estimator: runs the user's recipe on fake tensors.
+
+``launcher.estimate.traced`` starts ``python -m launcher.estimate._trace_child``, writes one JSON
+request to its stdin and reads one JSON answer from its stdout. Everything that imports torch or
+the user's code lives here, so the parent stays light and a crash, a hang or an import-time side
+effect of the user's script cannot take the CLI down with it.
+
+What the child does (docs/estimator.md explains why each step is there):
+
+1. Import the recipe, build the model, the optimizer and activation checkpointing exactly as the
+   training templates do (``trainer_templates/_model.py.j2``), all under ``FakeTensorMode``: every
+   tensor is a shape and a dtype, no memory is used, so a 7B model costs nothing.
+2. Run the templates' optimizer step (``trainer_templates/_loop.py.j2``) under a tracker with
+   the accounting of PyTorch's ``MemTracker`` that records, after every ATen op, the live bytes of
+   every category (parameters, buffers, gradients, activations, backward temporaries, optimizer
+   state): step 1 (optimizer state is created), the steady-state step at one size, and the
+   micro-batches alone at the other sizes (optionally in a second, forked process).
+3. Send the raw timelines back. The parent fits every point linearly in the micro-batch size
+   (``launcher.estimate.traced._fit``).
+
+Data-dependent shapes (``nonzero``, MoE routing) have no fake output size. The child then either
+reruns the same procedure on real CPU tensors (small models: exact for the example batch) or
+substitutes the largest possible output (every element selected) and labels the result an upper
+bound.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import importlib.util
+import json
+import math
+import os
+import random
+import resource
+import sys
+import time
+import traceback
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch
+
+PRECISIONS = ("fp32", "bf16_mixed", "bf16")
+OPTIMIZERS = ("adamw", "sgd", "adafactor", "adam8bit")
+#: The caching allocator of CUDA rounds every block up to 512 bytes (c10/cuda/CUDACachingAllocator).
+CUDA_ROUND = 512
+#: Below this many bytes of weights a model with data-dependent shapes is rerun on real tensors.
+DEFAULT_REAL_RUN_LIMIT = 2 * 2**30
+
+
+class RecipeError(Exception):
+    """An error in the user's code, already reduced to one line and the user's file:line."""
+
+    def __init__(self, message: str, file: str | None, line: int | None, kind: str) -> None:
+        super().__init__(message)
+        self.message, self.file, self.line, self.kind = message, file, line, kind
+
+
+# ----------------------------------------------------------------------------------------------
+# The training step. It mirrors trainer_templates/_model.py.j2 and _loop.py.j2 line for line:
+# what is traced must be what runs. Change both together.
+
+
+def derive_seed(*parts: Any) -> int:
+    """The templates' seed derivation, so a real run here draws the same batches as the job."""
+    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+def seed_all(seed: int) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def param_dtype(precision: str) -> torch.dtype | None:
+    """Weights are bf16 only under pure bf16; bf16_mixed keeps fp32 master weights."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r} ({', '.join(PRECISIONS)})")
+    return torch.bfloat16 if precision == "bf16" else None
+
+
+def autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
+    if precision == "bf16_mixed":
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def load_recipe(recipe_file: str) -> ModuleType:
+    """Import the recipe from its path, its directory first on sys.path (as the templates do)."""
+    path = Path(recipe_file).resolve()
+    sys.path.insert(0, str(path.parent))
+    name = path.stem if path.stem not in sys.modules else "launch_recipe"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import {path}")
+    recipe = importlib.util.module_from_spec(spec)
+    sys.modules[name] = recipe
+    spec.loader.exec_module(recipe)
+    for hook in ("build_model", "example_batch", "training_step"):
+        if not callable(getattr(recipe, hook, None)):
+            raise RecipeError(f"{path.name} defines no {hook}()", str(path), None, "contract")
+    return recipe
+
+
+def apply_checkpointing(model: torch.nn.Module, recipe: ModuleType) -> None:
+    """Non-reentrant checkpointing of the recipe's ``wrap_modules()`` blocks, as the templates."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+        CheckpointImpl,
+        apply_activation_checkpointing,
+        checkpoint_wrapper,
+    )
+
+    if not callable(getattr(recipe, "wrap_modules", None)):
+        raise RecipeError(
+            "activation checkpointing needs wrap_modules() in the recipe (the block classes)",
+            getattr(recipe, "__file__", None), None, "contract",
+        )
+    block_types = tuple(recipe.wrap_modules())
+    if not any(isinstance(m, block_types) for m in model.modules()):
+        names = ", ".join(t.__name__ for t in block_types)
+        raise RecipeError(
+            f"the model has no module of wrap_modules() types ({names})",
+            getattr(recipe, "__file__", None), None, "contract",
+        )
+    apply_activation_checkpointing(
+        model,
+        checkpoint_wrapper_fn=functools.partial(
+            checkpoint_wrapper, checkpoint_impl=CheckpointImpl.NO_REENTRANT
+        ),
+        check_fn=lambda module: isinstance(module, block_types),
+    )
+
+
+def build_model(
+    recipe: ModuleType, precision: str, activation_checkpointing: bool, device: torch.device,
+    fake: bool = False,
+) -> torch.nn.Module:
+    model = recipe.build_model()
+    if fake:
+        _fake_to(model, device, param_dtype(precision))
+    else:
+        model.to(device=device, dtype=param_dtype(precision))
+    if activation_checkpointing:
+        apply_checkpointing(model, recipe)
+    return model
+
+
+def _fake_to(model: torch.nn.Module, device: torch.device, dtype: torch.dtype | None) -> None:
+    """``model.to(device, dtype)`` for a model of fake tensors, plus one repair.
+
+    ``Module._apply`` always swaps FakeTensor parameters (``torch.utils.swap_tensors``), which
+    refuses tensors with weak references, and every fake ``Parameter`` has one. Assigning
+    ``.data`` instead is what ``Module.to`` does for real tensors: the Parameter objects stay the
+    same, so modules that keep their own references (``nn.LSTM._flat_weights``) stay valid.
+
+    The repair: a fake tensor made by ``copy.deepcopy`` (``nn.TransformerEncoder`` clones its
+    layer that way) hands out a new storage object for each of its views. MemTracker keys storages
+    by object, so every ``weight.t()`` of such a weight counted as a new allocation (+11% on an
+    encoder-decoder). Such tensors are replaced by fresh ones (through ``setattr``, which
+    ``nn.RNNBase`` also watches); tied weights stay tied.
+    """
+    replaced: dict[int, torch.Tensor] = {}
+
+    def broken(t: torch.Tensor) -> bool:
+        return t.untyped_storage() is not t.detach().untyped_storage()
+
+    def fresh(t: torch.Tensor, cast: torch.dtype | None) -> torch.Tensor:
+        return torch.empty_strided(t.size(), t.stride(), dtype=cast or t.dtype, device=device)
+
+    for module in model.modules():
+        for kind in ("_parameters", "_buffers"):
+            for name, t in list(getattr(module, kind).items()):
+                if t is None:
+                    continue
+                if id(t) in replaced:
+                    setattr(module, name, replaced[id(t)])
+                    continue
+                floating = t.is_floating_point() or t.is_complex()
+                cast = dtype if dtype is not None and floating else None
+                if broken(t):
+                    new = fresh(t, cast)
+                    if isinstance(t, torch.nn.Parameter):
+                        new = torch.nn.Parameter(new, requires_grad=t.requires_grad)
+                    replaced[id(t)] = new
+                    setattr(module, name, new)
+                elif t.device != device or (cast is not None and t.dtype != cast):
+                    with torch.no_grad():
+                        t.data = t.data.to(device=device, dtype=cast)
+    replaced.clear()
+
+
+class Adam8bitStandIn(torch.optim.Optimizer):
+    """The memory of bitsandbytes' ``AdamW8bit`` without its CUDA kernels.
+
+    bitsandbytes cannot run on fake (or CPU) tensors, so the trace holds the same state it would:
+    per parameter of 4096 elements or more, two uint8 moments and one fp32 absmax per 256-element
+    block for each; smaller parameters keep two fp32 moments (bitsandbytes' ``min_8bit_size``). Its
+    update is one fused kernel with no temporaries, so the stand-in's update allocates nothing.
+    The arithmetic is not Adam's: only the bytes matter here.
+    """
+
+    BLOCK = 256
+    MIN_8BIT_SIZE = 4096
+
+    def __init__(self, params: Any, lr: float = 1e-3, weight_decay: float = 0.0) -> None:
+        super().__init__(params, {"lr": lr, "weight_decay": weight_decay})
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> None:  # type: ignore[override]
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    state["step"] = torch.zeros((), dtype=torch.float32)
+                    if p.numel() >= self.MIN_8BIT_SIZE:
+                        blocks = math.ceil(p.numel() / self.BLOCK)
+                        for i in (1, 2):
+                            state[f"state{i}"] = torch.zeros_like(p, dtype=torch.uint8)
+                            state[f"absmax{i}"] = torch.zeros(
+                                blocks, dtype=torch.float32, device=p.device
+                            )
+                    else:
+                        state["state1"] = torch.zeros_like(p, dtype=torch.float32)
+                        state["state2"] = torch.zeros_like(p, dtype=torch.float32)
+                state["step"].add_(1)
+                p.add_(p.grad, alpha=-group["lr"])
+
+
+def build_optimizer(
+    recipe: ModuleType, name: str | None, model: torch.nn.Module, lr: float, weight_decay: float,
+    foreach: bool | None = None,
+) -> torch.optim.Optimizer:
+    """The recipe's ``build_optimizer`` when ``name`` is None, else the named one (templates').
+
+    ``foreach`` is None in the templates (torch's default: foreach on CUDA, for-loop on the
+    CPU); the benchmark forces it to measure what each implementation costs.
+    """
+    params = [p for p in model.parameters() if p.requires_grad]
+    if name is None:
+        if callable(getattr(recipe, "build_optimizer", None)):
+            return recipe.build_optimizer(params)
+        name = "adamw"
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, foreach=foreach)
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=0.9, weight_decay=weight_decay,
+                               foreach=foreach)
+    if name == "adafactor":
+        return torch.optim.Adafactor(params, lr=lr, weight_decay=weight_decay, foreach=foreach)
+    if name == "adam8bit":
+        return Adam8bitStandIn(params, lr=lr, weight_decay=weight_decay)
+    raise ValueError(f"unknown optimizer {name!r} ({', '.join(OPTIMIZERS)})")
+
+
+def move_to_device(batch: Any, device: torch.device, float_dtype: torch.dtype | None) -> Any:
+    """The templates' ``move_to_device``: floating inputs follow the weights under pure bf16."""
+    if isinstance(batch, torch.Tensor):
+        dtype = float_dtype if float_dtype is not None and batch.is_floating_point() else None
+        return batch.to(device=device, dtype=dtype)
+    if isinstance(batch, Mapping):
+        return {key: move_to_device(value, device, float_dtype) for key, value in batch.items()}
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
+        return type(batch)(*(move_to_device(value, device, float_dtype) for value in batch))
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(move_to_device(value, device, float_dtype) for value in batch)
+    return batch
+
+
+@contextlib.contextmanager
+def seeded(seed: int) -> Iterator[None]:
+    """Draw a batch under its own seed without moving the training random state (templates)."""
+    python_state = random.getstate()
+    with torch.random.fork_rng(devices=[]):
+        random.seed(seed)
+        torch.manual_seed(seed)
+        try:
+            yield
+        finally:
+            random.setstate(python_state)
+
+
+def synthetic_batches(recipe: ModuleType, batch_size: int, seed: int, start: int) -> Iterator[Any]:
+    """``example_batch`` micro-batches under the templates' per-index seeds (rank 0)."""
+    index = start
+    while True:
+        with seeded(derive_seed(seed, "example_batch", 0, index)):
+            batch = recipe.example_batch(batch_size)
+        yield batch
+        index += 1
+
+
+def optimizer_step(
+    recipe: ModuleType,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batches: Iterator[Any],
+    *,
+    precision: str,
+    device: torch.device,
+    accum: int,
+    max_grad_norm: float | None,
+    on_phase: Callable[[str], None] = lambda phase: None,
+    update: bool = True,
+) -> None:
+    """One optimizer step of the templates' loop: ``accum`` micro-batches, clip, step, zero.
+
+    ``update=False`` stops after the backward passes (gradients are dropped, the optimizer is not
+    run): the estimator uses it to trace the micro-batch-dependent part at more sizes without
+    paying for an optimizer step each time.
+    """
+    float_dtype = param_dtype(precision)
+    on_phase("forward")  # the loss accumulator belongs to the step, whatever ran before it
+    step_loss = torch.zeros((), device=device)
+    for _ in range(accum):
+        on_phase("forward")
+        batch = move_to_device(next(batches), device, float_dtype)
+        with autocast(precision, device):
+            micro_loss = recipe.training_step(model, batch)
+        on_phase("backward")
+        (micro_loss / accum).backward()
+        step_loss += micro_loss.detach().float()
+        del batch, micro_loss
+    on_phase("optimizer")
+    if update:
+        if max_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+        optimizer.step()
+    on_phase("zero_grad")
+    optimizer.zero_grad(set_to_none=True)
+    del step_loss
+
+
+def first_optimizer_step(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    *,
+    max_grad_norm: float | None,
+    on_phase: Callable[[str], None] = lambda phase: None,
+    on_grad: Callable[[torch.Tensor], None] = lambda grad: None,
+) -> None:
+    """The first optimizer step (its state gets created) with zero gradients put in place.
+
+    The micro-batches of step 1 see the memory of step 2's minus the optimizer state, so tracing
+    them again adds nothing to the peak; only step 1's optimizer phase can differ from step 2's
+    (state is allocated while gradients are alive), and for that only the gradients matter.
+    """
+    for p in model.parameters():
+        if p.requires_grad:
+            p.grad = torch.zeros_like(p)
+            on_grad(p.grad)
+    on_phase("optimizer")
+    if max_grad_norm is not None:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+    optimizer.step()
+    on_phase("zero_grad")
+    optimizer.zero_grad(set_to_none=True)
+
+
+# ----------------------------------------------------------------------------------------------
+# The tracker: MemTracker's accounting with a timeline, and probes for what fake tensors miss.
+
+_ROUND = 1  # bytes a storage is rounded up to (512 when emulating the CUDA caching allocator)
+
+
+def _alloc_bytes(nbytes: int) -> int:
+    return -(-nbytes // _ROUND) * _ROUND
+
+
+def _install_cuda_rounding() -> None:
+    """Count every storage as the CUDA caching allocator would: rounded up to 512 bytes (as
+    MemTracker does for cuda tensors), for a CUDA estimate traced on the CPU."""
+    global _ROUND
+    _ROUND = CUDA_ROUND
+
+
+class ScratchProbe:
+    """Run selected ops once for real, at their traced shapes, to see what the fake run cannot.
+
+    Two things escape a ``TorchDispatchMode``: memory a kernel allocates and frees inside itself
+    (oneDNN convolution and LSTM scratch, batch-norm backward buffers), and outputs whose real
+    size the meta kernel gets wrong (the CPU LSTM's oneDNN workspace is 0 bytes on meta, 4 MB for
+    real, and it is saved for the backward pass). For the ops in ``ops``, the probe allocates
+    zero-filled inputs of the traced shapes, runs the kernel under the allocator's own accounting
+    and returns (scratch bytes, real bytes of each output). Results are cached per signature, so
+    a network of identical blocks is probed once per distinct shape. Inputs plus outputs over
+    ``limit_bytes`` are not probed (and counted in ``skipped``): a probe must stay cheap.
+
+    Probes only make sense on the device being estimated: a CPU kernel's scratch says nothing about
+    cuDNN's, so a CUDA estimate emulated on the CPU runs without them.
+    """
+
+    CPU_OPS = frozenset({
+        "convolution", "convolution_backward", "native_batch_norm", "native_batch_norm_backward",
+        "_native_batch_norm_legit", "_native_batch_norm_legit_no_training",
+        "mkldnn_rnn_layer", "mkldnn_rnn_layer_backward", "embedding_dense_backward",
+        "_embedding_bag", "_embedding_bag_backward", "_embedding_bag_dense_backward",
+    })
+
+    def __init__(self, device: torch.device, limit_bytes: int = 256 * 2**20) -> None:
+        from torch.utils.weak import WeakIdKeyDictionary
+
+        self.device, self.limit = device, limit_bytes
+        self.ops = self.CPU_OPS if device.type == "cpu" else frozenset()
+        self.cache: dict[Any, Measured | None] = {}
+        # fake storage -> the real geometry of the tensor the meta kernel sized wrongly, so that
+        # the op consuming it (LSTM backward takes the forward's workspace) is probed with it
+        self.real_geometry: Any = WeakIdKeyDictionary()
+        self.skipped: dict[str, int] = {}
+        self.probed = 0
+
+    def _geometry(self, x: torch.Tensor) -> tuple[Any, ...]:
+        known = self.real_geometry.get(x.untyped_storage())
+        if known is not None:
+            return known
+        return (tuple(x.shape), tuple(x.stride()), x.storage_offset(), x.dtype)
+
+    def measure(self, func: Any, args: tuple, kwargs: dict) -> Measured | None:
+        from torch.utils._pytree import tree_flatten
+
+        flat, _ = tree_flatten((args, kwargs))
+        key = (func, torch.is_grad_enabled(), tuple(
+            self._geometry(x) if isinstance(x, torch.Tensor) else repr(x) for x in flat
+        ))
+        if key not in self.cache:
+            self.cache[key] = self._run(func, args, kwargs)
+        return self.cache[key]
+
+    def remember(self, fake_out: torch.Tensor, geometry: tuple[Any, ...]) -> None:
+        self.real_geometry[fake_out.untyped_storage()] = geometry
+
+    def _run(self, func: Any, args: tuple, kwargs: dict) -> Measured | None:
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+        from torch.utils._pytree import tree_flatten, tree_map_only
+
+        flat, _ = tree_flatten((args, kwargs))
+        geometries = [self._geometry(x) for x in flat if isinstance(x, torch.Tensor)]
+        need = sum(_span(shape, stride, offset) * torch.empty((), dtype=dtype).element_size()
+                   for shape, stride, offset, dtype in geometries)
+        if need > self.limit:
+            self.skipped[str(func)] = self.skipped.get(str(func), 0) + 1
+            return None
+
+        def real(x: torch.Tensor) -> torch.Tensor:
+            shape, stride, offset, dtype = self._geometry(x)
+            base = torch.zeros(max(_span(shape, stride, offset), 1), dtype=dtype,
+                               device=self.device)
+            return base.as_strided(shape, stride, offset)
+
+        # Same grad mode as the traced call: some kernels (oneDNN LSTM) allocate their backward
+        # workspace only when gradients are enabled. Zero inputs never require grad, so no
+        # autograd graph is built either way.
+        with unset_fake_temporarily():
+            rargs, rkwargs = tree_map_only(torch.Tensor, real, (args, kwargs))
+            inputs = {x.untyped_storage().data_ptr() for x in tree_flatten((rargs, rkwargs))[0]
+                      if isinstance(x, torch.Tensor)}
+            call = functools.partial(func, *rargs, **rkwargs)
+            peak, net, out = _allocator_peak(self.device, call)
+            outputs: list[tuple[int, tuple[Any, ...]] | None] = []
+            for o in tree_flatten(out)[0]:
+                if not isinstance(o, torch.Tensor):
+                    continue
+                st = o.untyped_storage()
+                outputs.append(None if st.data_ptr() in inputs and st.nbytes() else (
+                    st.nbytes(), (tuple(o.shape), tuple(o.stride()), o.storage_offset(), o.dtype)
+                ))
+            del out, call, rargs, rkwargs
+        self.probed += 1
+        return Measured(max(0, peak - net), outputs)
+
+
+class Measured:
+    """What a probe saw: scratch bytes, and per output (None when it aliases an input) its real
+    storage bytes and geometry."""
+
+    def __init__(self, scratch: int, outputs: list[tuple[int, tuple[Any, ...]] | None]) -> None:
+        self.scratch, self.outputs = scratch, outputs
+
+
+def _span(shape: tuple[int, ...], stride: tuple[int, ...], offset: int) -> int:
+    """Elements of storage a strided tensor reaches."""
+    if any(s == 0 for s in shape):
+        return 0
+    return offset + 1 + sum((s - 1) * st for s, st in zip(shape, stride, strict=True))
+
+
+def _allocator_peak(device: torch.device, fn: Callable[[], Any]) -> tuple[int, int, Any]:
+    """(peak bytes above the start, net bytes at the end, result) of ``fn`` per the allocator."""
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        start = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        out = fn()
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - start, torch.cuda.memory_allocated() - start, out
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        out = fn()
+    live = peak = 0
+    for event in cpu_allocation_events(prof):
+        live += event.alloc_size
+        peak = max(peak, live)
+    return peak, live, out
+
+
+def cpu_allocation_events(prof: Any) -> list[Any]:
+    """The CPU allocator's own events of a finished ``torch.profiler.profile``, in order.
+
+    Each has ``alloc_size`` (negative for a free) and ``total_allocated``, the allocator's running
+    count of live bytes allocated while the profiler was recording (c10's ProfiledCPUMemoryReporter
+    counts only what it saw being allocated, so frees of older blocks do not distort it).
+    """
+    from torch._C._profiler import _EventType
+
+    events: list[Any] = []
+    stack = list(prof.profiler.kineto_results.experimental_event_tree())
+    while stack:
+        node = stack.pop()
+        if node.typed[0] == _EventType.Allocation and node.extra_fields.device.type == "cpu":
+            events.append((node.start_time_ns, node.extra_fields.id, node.extra_fields))
+        stack.extend(node.children)
+    events.sort(key=lambda e: (e[0], e[1]))
+    return [e[2] for e in events]
+
+
+_PRIM_DEVICE = torch.ops.prim.device.default
+
+
+CATEGORIES = ("PARAM", "BUFFER", "GRAD", "ACT", "TEMP", "OPT", "OTH")
+_PARAM, _BUFFER, _GRAD, _ACT, _TEMP, _OPT, _OTH = range(7)
+
+
+class _Storage:
+    """What the tracker knows about one live storage: its device, category and counted bytes."""
+
+    __slots__ = ("device", "category", "nbytes", "__weakref__")
+
+    def __init__(self, device: str, category: int, nbytes: int) -> None:
+        self.device, self.category, self.nbytes = device, category, nbytes
+
+
+def _make_tracker(device_type: str, probe: ScratchProbe | None) -> Any:
+    """A tracker with MemTracker's accounting that records, after every op, the live bytes per
+    category on one device, plus the op's scratch (from ``probe``) in a ``SCRATCH`` column.
+
+    It does what ``torch.distributed._tools.mem_tracker.MemTracker`` does for a single device,
+    with the same categories (PARAM, BUFFER, GRAD, ACT, TEMP, OPT, OTH), the same weak references
+    to storages, the same 512-byte CUDA rounding, the same optimizer-step and gradient hooks and
+    ``resize_`` patch; docs/estimator.md explains MemTracker. It is a re-implementation and not a
+    subclass for speed, on every one of a 7B trace's ~20k ops: importing MemTracker imports DTensor
+    (2.5 s of CPU); its ``ModTracker`` module hooks deep-copy a snapshot at every module
+    boundary; it walks every op's outputs with pytree and calls through ``torch._disable_dynamo``.
+    What those hooks provided is done directly: weights are tagged and gradient hooks installed
+    once (``track_model``), and "in backward" is the autograd engine's graph-task id (which is all
+    ``ModTracker.is_bw`` reads). Activations recomputed by checkpointing during backward count as
+    ``TEMP`` (MemTracker calls its own attribution there approximate); totals are unaffected.
+    """
+    import weakref
+
+    from torch._subclasses.fake_tensor import FakeTensor
+    from torch.optim.optimizer import (
+        register_optimizer_step_post_hook,
+        register_optimizer_step_pre_hook,
+    )
+    from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
+    from torch.utils._pytree import tree_flatten
+    from torch.utils.weak import WeakIdKeyDictionary
+
+    fake_key = torch._C._TorchDispatchModeKey.FAKE
+    get_mode = torch._C._get_dispatch_mode
+    graph_task = torch._C._current_graph_task_id
+
+    def storages(t: torch.Tensor) -> list[Any]:
+        if not is_traceable_wrapper_subclass(t):
+            return [t.untyped_storage()]
+        out, todo = [], [t]
+        while todo:
+            x = todo.pop()
+            if is_traceable_wrapper_subclass(x):
+                todo.extend(v for v in (getattr(x, a) for a in x.__tensor_flatten__()[0])
+                            if isinstance(v, torch.Tensor))
+            else:
+                out.append(x.untyped_storage())
+        return out
+
+    class TimelineTracker(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.categories = [*CATEGORIES, "SCRATCH"]
+            self.segment: list[tuple[int, tuple[int, ...]]] | None = None
+            self.ops: list[Any] | None = None
+            self.phase = 0
+            self.live = [0] * len(CATEGORIES)  # bytes per category on the traced device
+            self._known: Any = WeakIdKeyDictionary()  # storage -> (_Storage, weakref)
+            self._in_opt = False
+            self._hooks: list[Any] = []
+            self._fake_on_entry: Any = None
+            self._orig_resize = torch.UntypedStorage.resize_
+
+        # -- accounting ----------------------------------------------------------------------
+
+        def _add(self, info: _Storage, sign: int) -> None:
+            if info.device == device_type:
+                self.live[info.category] += sign * info.nbytes
+
+        def _freed(self, info: _Storage, _ref: Any) -> None:
+            self._add(info, -1)
+
+        def tag(self, t: torch.Tensor, category: int, retag: bool = True) -> None:
+            for st in storages(t):
+                known = self._known.get(st)
+                if known is not None:
+                    info = known[0]
+                    if retag and info.category != category:
+                        self._add(info, -1)
+                        info.category = category
+                        self._add(info, +1)
+                    elif not retag and info.nbytes != _alloc_bytes(st.nbytes()):
+                        self.resized(info, _alloc_bytes(st.nbytes()))
+                    continue
+                info = _Storage(t.device.type, category, _alloc_bytes(st.nbytes()))
+                self._known[st] = (info, weakref.ref(st, functools.partial(self._freed, info)))
+                self._add(info, +1)
+
+        def resized(self, info: _Storage, nbytes: int) -> None:
+            self._add(info, -1)
+            info.nbytes = nbytes
+            self._add(info, +1)
+
+        def current(self) -> tuple[int, ...]:
+            return (*self.live, 0)
+
+        def track_as_gradient(self, grad: torch.Tensor) -> None:
+            self.tag(grad, _GRAD)
+
+        def track_model(self, model: torch.nn.Module) -> None:
+            """Tag weights and buffers, and hook their gradients (MemTracker does both at each
+            module's first forward; step 1's optimizer phase runs before any forward)."""
+            for p in model.parameters():
+                self.tag(p, _PARAM)
+                self._hooks.append(p.register_hook(self._grad_hook))
+                self._hooks.append(p.register_post_accumulate_grad_hook(
+                    lambda q: self.tag(q.grad, _GRAD)))
+            for b in model.buffers():
+                self.tag(b, _BUFFER)
+
+        def _grad_hook(self, grad: torch.Tensor) -> None:
+            self.tag(grad, _GRAD)
+
+        def reset_mod_stats(self) -> None:
+            """MemTracker's per-module statistics: this tracker keeps none."""
+
+        # -- segments ------------------------------------------------------------------------
+
+        def start_segment(self) -> tuple[list[tuple[int, tuple[int, ...]]], list[Any]]:
+            self.segment, self.ops = [], []
+            return self.segment, self.ops
+
+        def stop_segment(self) -> None:
+            self.segment = self.ops = None
+
+        # -- mode ----------------------------------------------------------------------------
+
+        def __enter__(self) -> TimelineTracker:
+            self._fake_on_entry = get_mode(fake_key)
+
+            def pre(optimizer: Any, args: Any, kwargs: Any) -> None:
+                self._in_opt = True
+
+            def post(optimizer: Any, args: Any, kwargs: Any) -> None:
+                for state in optimizer.state.values():
+                    for value in state.values():
+                        if isinstance(value, torch.Tensor):
+                            self.tag(value, _OPT)
+                self._in_opt = False
+
+            self._hooks += [register_optimizer_step_pre_hook(pre),
+                            register_optimizer_step_post_hook(post)]
+            orig, tracker = self._orig_resize, self
+
+            @functools.wraps(orig)
+            def resize_(st: torch.UntypedStorage, size: int) -> None:
+                # resize_ is not an op the dispatch mode sees (FSDP frees and refills storages)
+                orig(st, size)
+                known = tracker._known.get(st)
+                if known is not None:
+                    tracker.resized(known[0], _alloc_bytes(st.nbytes()))
+
+            torch.UntypedStorage.resize_ = resize_  # type: ignore[method-assign]
+            return super().__enter__()
+
+        def __exit__(self, *args: Any) -> None:
+            for hook in self._hooks:
+                hook.remove()
+            self._hooks.clear()
+            torch.UntypedStorage.resize_ = self._orig_resize  # type: ignore[method-assign]
+            super().__exit__(*args)
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            if func is _PRIM_DEVICE:
+                # C++ asks a fake tensor for its device through this op, twice as often as all
+                # other ops together; answer it here (as FakeTensor does).
+                t = args[0]
+                if isinstance(t, FakeTensor) and not t.fake_mode.in_kernel_invocation:
+                    return t.fake_device
+                return func(*args, **(kwargs or {}))
+            if any(ty.__name__ == "DTensor" for ty in types):
+                return NotImplemented  # let DTensor desugar into local ops first (as MemTracker)
+            res = func(*args, **(kwargs or {}))
+            if get_mode(fake_key) is not self._fake_on_entry:
+                return res  # ops of another fake mode (DTensor propagation) allocate nothing
+            category = _OPT if self._in_opt else (_TEMP if graph_task() != -1 else _ACT)
+            if isinstance(res, torch.Tensor):
+                self.tag(res, category, retag=False)
+            elif isinstance(res, (tuple, list)):
+                for x in tree_flatten(res)[0]:
+                    if isinstance(x, torch.Tensor):
+                        self.tag(x, category, retag=False)
+            if self.segment is not None:
+                scratch = 0
+                if probe is not None and func._opname in probe.ops:
+                    scratch = self._probe(func, args, kwargs or {}, res)
+                values = self.current()
+                if scratch:
+                    values = values[:-1] + (_alloc_bytes(scratch),)
+                self.segment.append((self.phase, values))
+                self.ops.append(func)  # type: ignore[union-attr]
+            return res
+
+        def _probe(self, func: Any, args: tuple, kwargs: dict, res: Any) -> int:
+            measured = probe.measure(func, args, kwargs)  # type: ignore[union-attr]
+            if measured is None:
+                return 0
+            outs = [o for o in tree_flatten(res)[0] if isinstance(o, torch.Tensor)]
+            for out, real in zip(outs, measured.outputs, strict=False):
+                if real is None:
+                    continue
+                nbytes, geometry = real
+                for st in storages(out):
+                    known = self._known.get(st)
+                    if known is not None and known[0].nbytes != _alloc_bytes(nbytes):
+                        self.resized(known[0], _alloc_bytes(nbytes))
+                        probe.remember(out, geometry)  # type: ignore[union-attr]
+            return measured.scratch
+
+    return TimelineTracker()
+
+
+class UpperBoundShapes:
+    """Give data-dependent ops their largest possible output instead of failing.
+
+    ``nonzero`` selects at most every element, ``masked_select`` at most every element of the
+    broadcast mask. Memory computed with these outputs can only be larger than any real run's, so
+    the result is labelled an upper bound. Ops whose output feeds Python control flow (``.item()``)
+    still fail: there is no safe value to return.
+    """
+
+    def __init__(self) -> None:
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        outer = self
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+                from torch._subclasses.fake_tensor import DynamicOutputShapeException
+
+                kwargs = kwargs or {}
+                try:
+                    return func(*args, **kwargs)
+                except DynamicOutputShapeException:
+                    out = outer.substitute(func, args, kwargs)
+                    if out is None:
+                        raise
+                    outer.substituted[str(func)] = outer.substituted.get(str(func), 0) + 1
+                    return out
+
+        self.mode = Mode()
+        self.substituted: dict[str, int] = {}
+
+    @staticmethod
+    def substitute(func: Any, args: tuple, kwargs: dict) -> Any:
+        aten = torch.ops.aten
+        x = args[0]
+        if func is aten.nonzero.default:
+            return torch.empty((x.numel(), x.dim()), dtype=torch.long, device=x.device)
+        if func is aten.masked_select.default:
+            shape = torch.broadcast_shapes(x.shape, args[1].shape)
+            return torch.empty((math.prod(shape),), dtype=x.dtype, device=x.device)
+        return None
+
+
+# ----------------------------------------------------------------------------------------------
+# The trace.
+
+
+def _data_dependent(exc: BaseException) -> bool:
+    """Is this the fake tensor saying an output size (or a value) depends on data?"""
+    names = {type(e).__name__ for e in _chain(exc)}
+    known = {
+        "DynamicOutputShapeException", "DataDependentOutputException",
+        "GuardOnDataDependentSymNode",
+    }
+    if names & known:
+        return True
+    text = " ".join(str(e) for e in _chain(exc)).lower()
+    return "data-dependent" in text or "dynamic output shape" in text
+
+
+def _chain(exc: BaseException | None) -> Iterator[BaseException]:
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        yield exc
+        exc = exc.__cause__ or exc.__context__
+
+
+def _allow_fake_foreach() -> None:
+    """Let foreach kernels take fake tensors, as they take real ones.
+
+    ``clip_grad_norm_`` and the optimizers pick their foreach (multi-tensor) path only for
+    tensors whose type is exactly ``Tensor`` or ``Parameter``; a FakeTensor gradient is neither,
+    so a fake step took the for-loop path where the real step takes foreach.
+    """
+    from torch._subclasses.fake_tensor import FakeTensor
+    from torch.optim import optimizer as optim_module
+    from torch.utils import _foreach_utils
+
+    for types in (optim_module._foreach_supported_types, _foreach_utils._foreach_supported_types):
+        if FakeTensor not in types:
+            types.append(FakeTensor)
+
+
+_PHASE_CODES = {"build": 0, "forward": 1, "backward": 2, "optimizer": 3, "zero_grad": 4}
+
+
+def _trace(request: dict[str, Any], recipe: ModuleType, mode: str) -> dict[str, Any]:
+    """Trace (mode "fake" or "bound") or measure (mode "real") every requested size.
+
+    One tracker sees everything from the first weight on, in this order:
+
+    - build: the model, its dtype cast, checkpoint wrappers and the optimizer;
+    - step 1: the first optimizer step (state is created), see ``first_optimizer_step``;
+    - the steady-state step at ``b0`` (the second smallest size, the smallest is often special:
+      a size-1 batch turns some copies into views), with its optimizer phase;
+    - the micro-batches alone (no optimizer phase) at every other size.
+
+    The optimizer phase does not depend on the micro-batch except through what is alive when it
+    starts (the gradients, whatever the training step left behind): that boundary is recorded at
+    every size, and the optimizer phase at another size is the one at ``b0`` shifted by it.
+    """
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    device = torch.device(request["trace_device"])
+    precision, accum = request["precision"], request["grad_accum_steps"]
+    traced_accum = min(accum, 2)  # micro-batches 3..k see exactly what micro-batch 2 sees
+    seed = request.get("seed", 0)
+    sizes = sorted(set(request["micro_batch_sizes"]))
+    verify = sorted({b for b in request.get("verify_sizes", []) if b not in sizes})
+    b0 = request.get("b0") or (sizes[1] if len(sizes) > 1 else sizes[0])
+    # "step": build, step 1, the steady step at b0. "micro": build, micro-batches at the other
+    # sizes. Both by default; the parent may run them in two processes (two cores).
+    parts = set(request.get("parts") or ("step", "micro"))
+    micro_sizes = [x for x in sizes + verify if x != b0] if "micro" in parts else []
+
+    if mode in ("fake", "bound"):
+        _allow_fake_foreach()
+    probe = ScratchProbe(device) if request["device"] == device.type else None
+    if request.get("probes") is False:
+        probe = None
+    tracker = _make_tracker(device.type, probe)
+    fake = FakeTensorMode(allow_non_fake_inputs=True) if mode in ("fake", "bound") else None
+    bound = UpperBoundShapes() if mode == "bound" else None
+    boundary: dict[str, tuple[int, ...]] = {}
+    label = "build"
+    phase_cpu: dict[str, float] = {}
+    clock = [time.process_time(), "build"]
+
+    def on_phase(name: str) -> None:
+        now = time.process_time()
+        phase_cpu[clock[1]] = phase_cpu.get(clock[1], 0.0) + now - clock[0]  # type: ignore[index]
+        clock[:] = [now, name]
+        tracker.phase = _PHASE_CODES[name]
+        if name == "optimizer":
+            boundary[label] = tracker.current()
+
+    segments: dict[str, tuple[list, list]] = {}
+    facts: dict[str, Any] = {}
+    timings: dict[str, float] = {}
+    cats: list[str] = tracker.categories
+    with contextlib.ExitStack() as stack:
+        if fake is not None:
+            stack.enter_context(fake)
+        stack.enter_context(tracker)
+        if bound is not None:
+            stack.enter_context(bound.mode)
+        t0 = time.perf_counter()
+        segments[label] = tracker.start_segment()
+        tracker.phase = 0
+        seed_all(seed)
+        model = build_model(
+            recipe, precision, request["activation_checkpointing"], device, fake=fake is not None
+        )
+        optimizer = build_optimizer(
+            recipe, request.get("optimizer"), model, request.get("lr", 3e-4),
+            request.get("weight_decay", 0.0), request.get("foreach"),
+        )
+        tracker.track_model(model)
+        params = list(model.parameters())
+        facts["parameters"] = sum(p.numel() for p in params)
+        facts["trainable_parameters"] = sum(p.numel() for p in params if p.requires_grad)
+        facts["parameter_bytes"] = sum(p.numel() * p.element_size() for p in params)
+        facts["buffer_bytes"] = sum(b.numel() * b.element_size() for b in model.buffers())
+        facts["optimizer_class"] = type(optimizer).__name__
+        facts["foreach"] = _foreach(optimizer, params)
+        tracker.stop_segment()
+        timings["build_s"] = time.perf_counter() - t0
+        model.train()
+
+        if "step" in parts:
+            t0 = time.perf_counter()
+            label = "step1"
+            segments[label] = tracker.start_segment()
+            first_optimizer_step(
+                model, optimizer, max_grad_norm=request.get("max_grad_norm"),
+                on_phase=on_phase, on_grad=tracker.track_as_gradient,
+            )
+            tracker.stop_segment()
+            timings["step1_s"] = time.perf_counter() - t0
+            # Exact model-state bytes as counted (rounding included): gradients just before
+            # the first optimizer step, optimizer state right after it.
+            facts["gradient_bytes"] = boundary["step1"][cats.index("GRAD")]
+            facts["optimizer_state_bytes"] = tracker.current()[cats.index("OPT")]
+
+        seed_all(derive_seed(seed, "train", 0))
+        index = 0
+        for b in ([b0] if "step" in parts else []) + micro_sizes:
+            t0, c0 = time.perf_counter(), time.process_time()
+            label = f"b{b}"
+            batches = synthetic_batches(recipe, b, seed, index)
+            index += traced_accum
+            segments[label] = tracker.start_segment()
+            optimizer_step(
+                recipe, model, optimizer, batches, precision=precision,
+                device=device, accum=traced_accum, max_grad_norm=request.get("max_grad_norm"),
+                on_phase=on_phase, update=b == b0 and "step" in parts,
+            )
+            tracker.stop_segment()
+            timings[f"{label}_s"] = time.perf_counter() - t0
+            timings[f"{label}_cpu_s"] = time.process_time() - c0
+        on_phase("build")  # close the last phase's clock
+        del model, optimizer, params
+    timings.update({f"{k}_cpu_s": v for k, v in phase_cpu.items() if k != "build"})
+    result: dict[str, Any] = {
+        "categories": cats,
+        "b0": b0,
+        "traced_accum": traced_accum,
+        "facts": facts,
+        "timings": timings,
+        "boundary": {k: list(v) for k, v in boundary.items()},
+        # the raw timelines; the parent fits them (launcher.estimate.traced)
+        "segments": {
+            k: {"points": [[p, *v] for p, v in points], "ops": [str(op) for op in ops]}
+            for k, (points, ops) in segments.items()
+        },
+    }
+    if bound is not None and bound.substituted:
+        result["substituted"] = bound.substituted
+    if probe is not None:
+        result["probes"] = {"probed": probe.probed, "skipped": probe.skipped}
+    return result
+
+
+def _foreach(optimizer: torch.optim.Optimizer, params: list[torch.Tensor]) -> bool | None:
+    """Whether the optimizer will run its foreach (multi-tensor) implementation.
+
+    It matters for memory: foreach AdamW materialises intermediates for a whole parameter group
+    at once (``exp_avg_sq.sqrt()`` of every parameter), the for-loop one tensor at a time.
+    """
+    if "foreach" not in optimizer.defaults:
+        return None
+    if optimizer.defaults["foreach"] is not None:
+        return bool(optimizer.defaults["foreach"])
+    if optimizer.defaults.get("fused"):
+        return False
+    from torch.optim.optimizer import _default_to_fused_or_foreach
+
+    return _default_to_fused_or_foreach(params, False, False)[1]
+
+
+# ----------------------------------------------------------------------------------------------
+# Errors: one line, the user's file and line.
+
+
+def _user_frame(
+    exc: BaseException, recipe_file: str
+) -> tuple[str | None, int | None, str | None]:
+    """The innermost frame of the user's code: the recipe file, else a file next to it."""
+    if isinstance(exc, SyntaxError) and exc.filename:
+        return exc.filename, exc.lineno, None
+    recipe_path = str(Path(recipe_file).resolve())
+    recipe_dir = str(Path(recipe_file).resolve().parent)
+    frames = traceback.extract_tb(exc.__traceback__)
+    for pick in (
+        lambda f: f == recipe_path,
+        lambda f: f.startswith(recipe_dir) and "site-packages" not in f,
+    ):
+        for frame in reversed(frames):
+            if pick(str(Path(frame.filename).resolve()) if frame.filename else ""):
+                return frame.filename, frame.lineno, frame.name
+    return None, None, None
+
+
+def _describe(exc: BaseException, recipe_file: str) -> dict[str, Any]:
+    if isinstance(exc, RecipeError):
+        return {"message": exc.message, "file": exc.file, "line": exc.line, "kind": exc.kind}
+    file, line, function = _user_frame(exc, recipe_file)
+    first = (str(exc).strip().splitlines() or [""])[0]
+    kind = "syntax" if isinstance(exc, SyntaxError) else "user_code"
+    if isinstance(exc, SyntaxError):
+        first = exc.msg
+    message = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+    if function and function != "<module>":
+        message = f"in {function}(): {message}"
+    return {"message": message, "file": file, "line": line, "kind": kind}
+
+
+# ----------------------------------------------------------------------------------------------
+# Entry point.
+
+
+def _configure_device(request: dict[str, Any]) -> list[str]:
+    """Decide how the target device is traced; return notes that say what was emulated."""
+    notes: list[str] = []
+    target = request["device"]
+    if target == "cpu":
+        request["trace_device"] = "cpu"
+        return notes
+    if torch.cuda.is_available():
+        request["trace_device"] = "cuda"
+        return notes
+    # No GPU here (or a CPU-only torch): fake CUDA tensors cannot run backward in a CPU-only
+    # build (the autograd engine asks for a CUDA stream). Trace on the CPU and emulate what
+    # differs in memory: 512-byte allocator rounding and the foreach optimizer default.
+    request["trace_device"] = "cpu"
+    _install_cuda_rounding()
+    from torch.optim import optimizer as optim_module
+
+    devices = optim_module._get_foreach_kernels_supported_devices()
+    optim_module._get_foreach_kernels_supported_devices = lambda: [*devices, "cpu"]
+    notes.append(
+        "traced on the CPU emulating CUDA: storages rounded to 512 bytes, optimizers default to "
+        "foreach as on CUDA; autocast uses the CPU op lists, which differ from CUDA's"
+    )
+    return notes
+
+
+def run(request: dict[str, Any]) -> dict[str, Any]:
+    """Answer one request (see ``launcher.estimate.traced.trace_recipe``)."""
+    started = time.perf_counter()
+    recipe_file = request["recipe_file"]
+    torch.set_num_threads(max(1, min(torch.get_num_threads(), 4)))
+    notes = _configure_device(request)
+    try:
+        seed_all(request.get("seed", 0))
+        recipe = load_recipe(recipe_file)
+    except RecipeError as exc:
+        return {"ok": False, "error": _describe(exc, recipe_file)}
+    except BaseException as exc:  # noqa: BLE001 - anything the user's import raises
+        return {"ok": False, "error": _describe(exc, recipe_file)}
+    policy = request.get("data_dependent", "auto")
+    modes = {"auto": ["fake"], "real": ["real"], "bound": ["bound"]}[policy]
+    if request.get("force_real"):
+        modes = ["real"]
+    result: dict[str, Any] | None = None
+    attempts: list[str] = []
+    while modes:
+        mode = modes.pop(0)
+        attempts.append(mode)
+        try:
+            result = _trace(request, recipe, mode)
+            result["kind"] = {"fake": "traced", "real": "real_run", "bound": "upper_bound"}[mode]
+            break
+        except BaseException as exc:  # noqa: BLE001
+            if mode == "fake" and _data_dependent(exc):
+                op = _data_dependent_op(exc)
+                notes.append(f"data-dependent shapes ({op}): the fake run cannot size them")
+                weights = _weights_bytes(recipe, request)
+                limit = request.get("real_run_limit_bytes", DEFAULT_REAL_RUN_LIMIT)
+                if weights is not None and weights <= limit:
+                    notes.append(
+                        f"reran on real CPU tensors ({weights} bytes of weights <= {limit}): exact"
+                        " for the example batches, routing may differ on real data"
+                    )
+                    modes = ["real"]
+                else:
+                    notes.append("reran with the largest possible outputs: an upper bound")
+                    modes = ["bound"]
+                continue
+            return {"ok": False, "error": _describe(exc, recipe_file), "attempts": attempts}
+    assert result is not None
+    if result.get("substituted"):
+        ops = ", ".join(f"{op} x{n}" for op, n in result["substituted"].items())
+        notes.append(f"upper bound: data-dependent outputs sized at their maximum ({ops})")
+    result["ok"] = True
+    result["notes"] = notes + result.get("notes", [])
+    result["attempts"] = attempts
+    result["trace_device"] = request["trace_device"]
+    result["device"] = request["device"]
+    result["torch_version"] = torch.__version__
+    result["wall_s"] = time.perf_counter() - started
+    result["host_peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return result
+
+
+def measure(request: dict[str, Any]) -> dict[str, Any]:
+    """A real step on the CPU, its peak read from the CPU allocator's own events.
+
+    The reference the traced estimate is checked against (bench/bench_estimate_cpu.py, tests).
+    ``torch.profiler`` with ``profile_memory=True`` records every allocation and free of the CPU
+    allocator with the allocator's running total of live bytes (``total_allocated``); it is
+    started before the model is built, so that total counts every byte of the run, and the peak
+    is its maximum. Sequence: build, optimizer step 1 at ``micro_batch``, step 2 at it.
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    started = time.perf_counter()
+    recipe_file = request["recipe_file"]
+    try:
+        recipe = load_recipe(recipe_file)
+    except BaseException as exc:  # noqa: BLE001
+        return {"ok": False, "error": _describe(exc, recipe_file)}
+    device = torch.device("cpu")
+    b, accum, seed = request["micro_batch"], request["grad_accum_steps"], request.get("seed", 0)
+    step = dict(precision=request["precision"], device=device, accum=accum,
+                max_grad_norm=request.get("max_grad_norm"))
+    try:
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            seed_all(seed)
+            model = build_model(recipe, request["precision"], request["activation_checkpointing"],
+                                device)
+            optimizer = build_optimizer(
+                recipe, request.get("optimizer"), model, request.get("lr", 3e-4),
+                request.get("weight_decay", 0.0), request.get("foreach"),
+            )
+            model.train()
+            seed_all(derive_seed(seed, "train", 0))
+            for index in (0, accum):
+                optimizer_step(recipe, model, optimizer,
+                               synthetic_batches(recipe, b, seed, index), **step)
+            del model, optimizer
+    except BaseException as exc:  # noqa: BLE001
+        return {"ok": False, "error": _describe(exc, recipe_file)}
+    events = cpu_allocation_events(prof)
+    live = running_peak = 0
+    for event in events:
+        live += event.alloc_size
+        running_peak = max(running_peak, live)
+    return {
+        "ok": True,
+        "peak_allocated": max((e.total_allocated for e in events), default=0),
+        "running_sum_peak": running_peak,
+        "events": len(events),
+        "wall_s": time.perf_counter() - started,
+        "torch_version": torch.__version__,
+        "threads": torch.get_num_threads(),
+    }
+
+
+def _data_dependent_op(exc: BaseException) -> str:
+    for e in _chain(exc):
+        func = getattr(e, "func", None)
+        if func is not None:
+            return str(func)
+    return type(exc).__name__
+
+
+def _weights_bytes(recipe: ModuleType, request: dict[str, Any]) -> int | None:
+    """Bytes of the model's weights, from a build on the meta device (costs no memory)."""
+    try:
+        with torch.device("meta"):
+            model = recipe.build_model()
+        total = 0
+        for t in list(model.parameters()) + list(model.buffers()):
+            bf16 = request["precision"] == "bf16" and t.is_floating_point()
+            total += t.numel() * (2 if bf16 else t.element_size())
+        return total
+    except Exception:  # noqa: BLE001 - no answer is an answer: fall back to the bound
+        return None
+
+
+def _answer(request: dict[str, Any]) -> dict[str, Any]:
+    if request.get("action") == "measure":
+        return measure(request)
+    if request.get("fork_parts"):
+        return _forked(request)
+    return run(request)
+
+
+def _forked(request: dict[str, Any]) -> dict[str, Any]:
+    """Run the "step" and "micro" parts of a trace in two processes forked from this one.
+
+    torch is already imported here (seconds of CPU), so the fork saves one import over starting
+    two interpreters; nothing has run yet, so no thread pool is forked half-alive. The parts are
+    independent; the parent (launcher.estimate.traced._join) joins their timelines.
+    """
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the micro-batch part
+        os.close(read_fd)
+        try:
+            answer = run({**request, "parts": ["micro"], "fork_parts": False})
+        except BaseException as exc:  # noqa: BLE001
+            answer = {"ok": False, "error": {"message": f"{type(exc).__name__}: {exc}",
+                                             "file": None, "line": None, "kind": "internal"}}
+        with os.fdopen(write_fd, "w") as out:
+            out.write(json.dumps(answer))
+        os._exit(0)
+    os.close(write_fd)
+    step = run({**request, "parts": ["step"], "fork_parts": False})
+    with os.fdopen(read_fd) as inp:
+        text = inp.read()
+    _, status = os.waitpid(pid, 0)
+    if not text:
+        return {"ok": False, "error": {"message": f"the forked trace process died ({status})",
+                                       "file": None, "line": None, "kind": "crash"}}
+    return {"ok": True, "split": [step, json.loads(text)]}
+
+
+def main() -> None:
+    # The protocol owns the real stdout; anything the user's code prints goes to stderr.
+    protocol = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    request = json.loads(sys.stdin.read())
+    try:
+        if "batch" in request:
+            # Several configurations of one recipe in one process: torch is imported once.
+            common = {k: v for k, v in request.items() if k != "batch"}
+            answer = {"ok": True, "batch": [_answer({**common, **item})
+                                            for item in request["batch"]]}
+        else:
+            answer = _answer(request)
+    except BaseException as exc:  # noqa: BLE001 - a bug here must still answer in JSON
+        answer = {
+            "ok": False,
+            "error": {"message": f"{type(exc).__name__}: {exc}", "file": None, "line": None,
+                      "kind": "internal", "traceback": traceback.format_exc()},
+        }
+    protocol.write(json.dumps(answer))
+    protocol.flush()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,776 @@
+"""Traced estimate: the per-device memory of a recipe's training step, from a run on fake tensors.
+
+``trace_recipe`` runs the user's ``train.py`` in a child process (``_trace_child``) with a time
+limit. The child builds the model and runs the launcher's own optimizer step (the one the
+templates run) on ``FakeTensorMode`` tensors under PyTorch's ``MemTracker``, so nothing is
+allocated and a 7B model is traced on a laptop. It traces a few micro-batch sizes, fits every point
+of the step's memory timeline linearly in the micro-batch size and keeps the upper envelope of
+those lines: ``TraceResult.memory_at(b)`` then answers for any micro-batch without another trace.
+
+This module does not import torch: the CLI imports it to plan, and ``launch --help`` must stay
+instant. docs/estimator.md has the method, its evidence and its limits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from launcher.plan.plan import Memory
+
+Kind = Literal["traced", "real_run", "upper_bound"]
+DEFAULT_SIZES: tuple[int, ...] = (1, 2, 4)
+DEFAULT_TIMEOUT_S = 300.0
+_PHASES = {0: "build", 1: "forward", 2: "backward", 3: "optimizer", 4: "zero_grad"}
+_REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+class TraceError(Exception):
+    """The recipe could not be traced. ``file``/``line`` point into the user's code when the
+    error came from there; ``kind`` is syntax | user_code | contract | timeout | crash | internal.
+    """
+
+    def __init__(
+        self, message: str, *, file: str | None = None, line: int | None = None,
+        kind: str = "user_code", detail: str = "",
+    ) -> None:
+        self.message, self.file, self.line, self.kind, self.detail = (
+            message, file, line, kind, detail
+        )
+        where = f"{file}:{line}: " if file and line else (f"{file}: " if file else "")
+        super().__init__(f"{where}{message}")
+
+
+class TraceTimeout(TraceError):
+    """The child ran past its time limit and was killed (with its whole process group)."""
+
+
+@dataclass(frozen=True)
+class Line:
+    """One point of the step's memory timeline as a function of the micro-batch size ``b``:
+    bytes of each category = ``intercept + slope * b``. ``phase`` is where in the step it is."""
+
+    intercept: dict[str, float]
+    slope: dict[str, float]
+    phase: str
+    segment: str
+
+    def at(self, b: float) -> dict[str, float]:
+        return {k: self.intercept[k] + self.slope[k] * b for k in self.intercept}
+
+    def total_at(self, b: float) -> float:
+        return sum(self.intercept.values()) + b * sum(self.slope.values())
+
+
+@dataclass(frozen=True)
+class SizePeak:
+    """The directly traced peak at one micro-batch size (no fit involved).
+
+    ``in_fit`` says whether the size ran the same ops as the fitted ones; a size that did not
+    (a batch of 1 often turns a copy into a view) is still answered exactly from this record.
+    """
+
+    micro_batch: int
+    peak: int
+    at_peak: dict[str, int]
+    phase: str
+    segment: str
+    ops: int
+    in_fit: bool
+
+
+@dataclass(frozen=True)
+class TraceResult:
+    """What one trace of a recipe says, for one precision, optimizer and checkpointing choice.
+
+    Byte counts are per process (= per GPU), for a single-device run. ``kind`` says how sure it
+    is: ``traced`` (fake tensors; exact up to what the tracker cannot see, see docs), ``real_run``
+    (data-dependent shapes, rerun on real CPU tensors: exact for the example batch),
+    ``upper_bound`` (data-dependent shapes sized at their maximum).
+    """
+
+    recipe_file: str
+    kind: Kind
+    device: str
+    trace_device: str
+    precision: str
+    optimizer: str | None
+    activation_checkpointing: bool
+    grad_accum_steps: int
+    micro_batch_sizes: tuple[int, ...]
+    parameters: int
+    trainable_parameters: int
+    parameter_bytes: int
+    buffer_bytes: int
+    gradient_bytes: int
+    optimizer_state_bytes: int
+    optimizer_class: str
+    foreach: bool | None
+    lines: tuple[Line, ...]
+    per_size: dict[int, SizePeak]
+    alignment: str
+    fit_sizes: tuple[int, ...]
+    max_residual_bytes: float
+    max_residual_fraction: float
+    verification: tuple[dict[str, Any], ...] = ()
+    notes: tuple[str, ...] = ()
+    substituted_ops: dict[str, int] = field(default_factory=dict)
+    probes: dict[str, Any] = field(default_factory=dict)
+    wall_s: float | None = None
+    host_peak_rss_bytes: int | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def is_bound(self) -> bool:
+        return self.kind == "upper_bound"
+
+    def _line_at(self, micro_batch: int) -> Line:
+        if micro_batch < 1:
+            raise ValueError(f"micro_batch must be >= 1, got {micro_batch}")
+        return max(self.lines, key=lambda ln: ln.total_at(micro_batch))
+
+    def breakdown_at(self, micro_batch: int) -> dict[str, int]:
+        """Bytes per tracker category at the peak: the traced record for a traced size, the
+        fitted lines' maximum for any other."""
+        if micro_batch in self.per_size:
+            return dict(self.per_size[micro_batch].at_peak)
+        if len(self.fit_sizes) < 2:
+            raise ValueError(
+                f"traced at micro-batch {self.micro_batch_sizes[0]} only: trace two or more "
+                f"sizes to predict {micro_batch}"
+            )
+        line = self._line_at(micro_batch)
+        return {k: round(x) for k, x in line.at(micro_batch).items()}
+
+    def predicted_at(self, micro_batch: int) -> int:
+        """The fitted lines' peak, even at a traced size (to compare with the direct trace)."""
+        return round(self._line_at(micro_batch).total_at(micro_batch))
+
+    def peak_at(self, micro_batch: int) -> int:
+        """Peak allocated bytes over the first and a steady-state optimizer step."""
+        return sum(self.breakdown_at(micro_batch).values())
+
+    def memory_at(self, micro_batch: int) -> Memory:
+        """The plan's ``Memory`` at ``micro_batch``: the breakdown at the peak moment.
+
+        ``optimizer`` is the persistent state; what an optimizer step allocates on top of it
+        (foreach intermediates) is ``temporary``, with the backward pass's activation gradients
+        and kernels' scratch. Buffers count as parameters. GPU-side overheads (CUDA context,
+        allocator reserve) are not traced: ``framework_overhead``, ``peak_reserved``, ``total``
+        and ``capacity`` stay None for the planner's later stages to fill.
+        """
+        v = self.breakdown_at(micro_batch)
+        optimizer = max(0, min(v["OPT"], self.optimizer_state_bytes))
+        return Memory(
+            parameters=v["PARAM"] + v["BUFFER"],
+            gradients=v["GRAD"],
+            optimizer=optimizer,
+            activations=v["ACT"],
+            temporary=v["TEMP"] + v["OTH"] + v.get("SCRATCH", 0) + (v["OPT"] - optimizer),
+            peak_allocated=sum(v.values()),
+        )
+
+    @property
+    def model_state_bytes(self) -> int:
+        return self.parameter_bytes + self.buffer_bytes + self.gradient_bytes + (
+            self.optimizer_state_bytes
+        )
+
+
+def trace_recipe(
+    recipe_file: str | os.PathLike[str],
+    *,
+    micro_batch_sizes: tuple[int, ...] | list[int] = DEFAULT_SIZES,
+    precision: str = "fp32",
+    optimizer: str | None = None,
+    activation_checkpointing: bool = False,
+    grad_accum_steps: int = 1,
+    device: Literal["cuda", "cpu"] = "cuda",
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    max_grad_norm: float | None = 1.0,
+    lr: float = 3e-4,
+    weight_decay: float = 0.0,
+    seed: int = 0,
+    verify_sizes: tuple[int, ...] | list[int] = (),
+    data_dependent: Literal["auto", "real", "bound"] = "auto",
+    real_run_limit_bytes: int | None = None,
+    foreach: bool | None = None,
+    jobs: int = 2,
+    python: str | None = None,
+) -> TraceResult:
+    """Trace ``recipe_file``'s optimizer step at each of ``micro_batch_sizes`` in a child process.
+
+    ``optimizer=None`` uses the recipe's ``build_optimizer`` (AdamW when it has none), as the
+    templates do; a name (adamw | sgd | adafactor | adam8bit) overrides it. ``device="cuda"``
+    counts as a GPU would (512-byte blocks, foreach optimizers); on a machine without CUDA it
+    is emulated on the CPU (see the result's ``notes``). ``verify_sizes`` are traced too but
+    kept out of the fit, to check the prediction there. ``data_dependent`` chooses what to do
+    with shapes that depend on values: ``auto`` reruns small models on real CPU tensors and
+    bounds large ones.
+
+    Raises ``TraceError`` (with the user's file:line when the error is in their code) or
+    ``TraceTimeout``.
+    """
+    request = _request(
+        recipe_file, micro_batch_sizes=micro_batch_sizes, precision=precision,
+        optimizer=optimizer, activation_checkpointing=activation_checkpointing,
+        grad_accum_steps=grad_accum_steps, device=device, max_grad_norm=max_grad_norm, lr=lr,
+        weight_decay=weight_decay, seed=seed, verify_sizes=verify_sizes,
+        data_dependent=data_dependent, real_run_limit_bytes=real_run_limit_bytes,
+        foreach=foreach,
+    )
+    python = python or sys.executable
+    b0 = _b0(request)
+    others = [b for b in request["micro_batch_sizes"] + request["verify_sizes"] if b != b0]
+    if jobs < 2 or not others:
+        return _result_or_raise(_run_child(request, timeout_s, python), request)
+    # Two processes (the child forks once torch is imported): the steady step at b0 (with step 1
+    # and the optimizer), and the micro-batches of every other size. Their timelines are joined
+    # here, as one process would have made them.
+    forked = _run_child({**request, "b0": b0, "fork_parts": True}, timeout_s, python)
+    if not forked.get("ok"):
+        return _result_or_raise(forked, request)  # raises
+    answers = forked["split"]
+    for answer in answers:
+        if not answer.get("ok"):
+            return _result_or_raise(answer, request)  # raises
+    step, micro = answers
+    if step.get("kind") != micro.get("kind"):
+        # one process fell back (data-dependent shapes) and the other did not: start over in one
+        return _result_or_raise(_run_child(request, timeout_s, python), request)
+    return _result(_join(step, micro), request)
+
+
+def _b0(request: dict[str, Any]) -> int:
+    """The size of the full steady step: the second smallest (a batch of 1 is often special)."""
+    sizes = request["micro_batch_sizes"]
+    return sizes[1] if len(sizes) > 1 else sizes[0]
+
+
+def _join(step: dict[str, Any], micro: dict[str, Any]) -> dict[str, Any]:
+    """One answer from the two halves of a split trace.
+
+    The micro-batch process ran no optimizer, so its timelines lack the optimizer state, which
+    is inert during forward and backward: it is added to every point of theirs.
+    """
+    cats = step["categories"]
+    opt = cats.index("OPT")
+    state = step["facts"]["optimizer_state_bytes"]
+    joined = dict(step)
+    joined["segments"] = dict(step["segments"])
+    joined["boundary"] = dict(step["boundary"])
+    for label, segment in micro["segments"].items():
+        if label == "build":
+            continue
+        points = [list(p) for p in segment["points"]]
+        for p in points:
+            p[1 + opt] += state
+        joined["segments"][label] = {"points": points, "ops": segment["ops"]}
+        bound = list(micro["boundary"][label])
+        bound[opt] += state
+        joined["boundary"][label] = bound
+    joined["timings"] = {**{f"micro_{k}": v for k, v in micro["timings"].items()},
+                         **step["timings"]}
+    joined["host_peak_rss_bytes"] = step["host_peak_rss_bytes"] + micro["host_peak_rss_bytes"]
+    joined["wall_s"] = max(step["wall_s"], micro["wall_s"])
+    joined["processes"] = 2
+    substituted = dict(step.get("substituted", {}))
+    for op, n in micro.get("substituted", {}).items():
+        substituted[op] = substituted.get(op, 0) + n
+    if substituted:
+        joined["substituted"] = substituted
+    probes = step.get("probes")
+    if probes is not None and micro.get("probes") is not None:
+        joined["probes"] = {
+            "probed": probes["probed"] + micro["probes"]["probed"],
+            "skipped": {**probes["skipped"], **micro["probes"]["skipped"]},
+        }
+    return joined
+
+
+def trace_recipe_configs(
+    recipe_file: str | os.PathLike[str],
+    configs: list[dict[str, Any]],
+    *,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    python: str | None = None,
+    **common: Any,
+) -> list[TraceResult | TraceError]:
+    """Trace several configurations of one recipe in one child process (torch imported once).
+
+    Each entry of ``configs`` overrides ``common``; both take ``trace_recipe``'s keyword
+    arguments. A planner comparing precisions, optimizers and checkpointing asks this once.
+    Errors come back in place (a ``TraceError`` per failed configuration); a timeout or a crash
+    of the child raises for all of them. ``device`` must be the same for every entry.
+    """
+    requests = [_request(recipe_file, **{**common, **config}) for config in configs]
+    if len({r["device"] for r in requests}) > 1:
+        raise ValueError("one batch traces one device; split cuda and cpu configurations")
+    answer = _run_child({"batch": requests}, timeout_s, python or sys.executable)
+    if not answer.get("ok"):
+        return [_result_or_raise(answer, requests[0])]  # raises
+    results: list[TraceResult | TraceError] = []
+    for item, request in zip(answer["batch"], requests, strict=True):
+        try:
+            results.append(_result_or_raise(item, request))
+        except TraceError as exc:
+            results.append(exc)
+    return results
+
+
+def _request(
+    recipe_file: str | os.PathLike[str],
+    *,
+    micro_batch_sizes: tuple[int, ...] | list[int] = DEFAULT_SIZES,
+    precision: str = "fp32",
+    optimizer: str | None = None,
+    activation_checkpointing: bool = False,
+    grad_accum_steps: int = 1,
+    device: str = "cuda",
+    max_grad_norm: float | None = 1.0,
+    lr: float = 3e-4,
+    weight_decay: float = 0.0,
+    seed: int = 0,
+    verify_sizes: tuple[int, ...] | list[int] = (),
+    data_dependent: str = "auto",
+    real_run_limit_bytes: int | None = None,
+    foreach: bool | None = None,
+) -> dict[str, Any]:
+    """Validate the arguments (here, not in the child: a usage error costs no process)."""
+    sizes = tuple(sorted({int(b) for b in micro_batch_sizes}))
+    if not sizes or sizes[0] < 1:
+        raise ValueError(f"micro_batch_sizes must be positive integers, got {micro_batch_sizes}")
+    if grad_accum_steps < 1:
+        raise ValueError(f"grad_accum_steps must be >= 1, got {grad_accum_steps}")
+    if device not in ("cuda", "cpu"):
+        raise ValueError(f"device must be 'cuda' or 'cpu', got {device!r}")
+    if precision not in ("fp32", "bf16_mixed", "bf16"):
+        raise ValueError(f"precision must be fp32, bf16_mixed or bf16, got {precision!r}")
+    if optimizer not in (None, "adamw", "sgd", "adafactor", "adam8bit"):
+        raise ValueError(f"optimizer must be adamw, sgd, adafactor, adam8bit or None, "
+                         f"got {optimizer!r}")
+    if data_dependent not in ("auto", "real", "bound"):
+        raise ValueError(f"data_dependent must be auto, real or bound, got {data_dependent!r}")
+    request: dict[str, Any] = {
+        "recipe_file": str(Path(recipe_file).resolve()),
+        "micro_batch_sizes": list(sizes),
+        "verify_sizes": [int(b) for b in verify_sizes],
+        "precision": precision,
+        "optimizer": optimizer,
+        "activation_checkpointing": bool(activation_checkpointing),
+        "grad_accum_steps": int(grad_accum_steps),
+        "device": device,
+        "max_grad_norm": max_grad_norm,
+        "lr": lr,
+        "weight_decay": weight_decay,
+        "seed": seed,
+        "data_dependent": data_dependent,
+        "foreach": foreach,
+    }
+    if real_run_limit_bytes is not None:
+        request["real_run_limit_bytes"] = int(real_run_limit_bytes)
+    return request
+
+
+def _result_or_raise(answer: dict[str, Any], request: dict[str, Any]) -> TraceResult:
+    if not answer.get("ok"):
+        error = answer.get("error") or {}
+        raise TraceError(
+            error.get("message", "the trace failed"),
+            file=error.get("file"), line=error.get("line"), kind=error.get("kind", "user_code"),
+            detail=error.get("traceback", ""),
+        )
+    return _result(answer, request)
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """A real CPU step's peak, from the CPU allocator's own events (see ``measure_recipe``)."""
+
+    micro_batch: int
+    peak_allocated: int
+    running_sum_peak: int
+    events: int
+    wall_s: float
+    threads: int
+
+
+def measure_recipe(
+    recipe_file: str | os.PathLike[str],
+    *,
+    micro_batch: int,
+    precision: str = "fp32",
+    optimizer: str | None = None,
+    activation_checkpointing: bool = False,
+    grad_accum_steps: int = 1,
+    max_grad_norm: float | None = 1.0,
+    seed: int = 0,
+    foreach: bool | None = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    python: str | None = None,
+) -> Measurement:
+    """Run two real optimizer steps of the recipe on the CPU and return their peak.
+
+    This is the ground truth the traced estimate is checked against on a machine without a GPU:
+    ``torch.profiler``'s memory events are the CPU allocator's own record of every allocation
+    and free, with its running total of live bytes. It uses real memory; keep models small.
+    """
+    request = {
+        "action": "measure",
+        "recipe_file": str(Path(recipe_file).resolve()),
+        "micro_batch": int(micro_batch),
+        "precision": precision,
+        "optimizer": optimizer,
+        "activation_checkpointing": bool(activation_checkpointing),
+        "grad_accum_steps": int(grad_accum_steps),
+        "max_grad_norm": max_grad_norm,
+        "seed": seed,
+        "foreach": foreach,
+    }
+    answer = _run_child(request, timeout_s, python or sys.executable)
+    if not answer.get("ok"):
+        error = answer.get("error") or {}
+        raise TraceError(error.get("message", "the measurement failed"), file=error.get("file"),
+                         line=error.get("line"), kind=error.get("kind", "user_code"))
+    return Measurement(
+        micro_batch=int(micro_batch), peak_allocated=int(answer["peak_allocated"]),
+        running_sum_peak=int(answer["running_sum_peak"]), events=int(answer["events"]),
+        wall_s=float(answer["wall_s"]), threads=int(answer["threads"]),
+    )
+
+
+def _run_child(request: dict[str, Any], timeout_s: float, python: str) -> dict[str, Any]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(_REPO_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
+    )
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    proc = subprocess.Popen(
+        [python, "-m", "launcher.estimate._trace_child"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        env=env, text=True, start_new_session=True,  # its own group: a timeout kills it all
+    )
+    try:
+        stdout, stderr = proc.communicate(json.dumps(request), timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise TraceTimeout(
+            f"tracing {Path(request['recipe_file']).name} took longer than {timeout_s:g} s",
+            file=request["recipe_file"], kind="timeout",
+        ) from None
+    if not stdout.strip():
+        tail = "\n".join(stderr.strip().splitlines()[-5:])
+        raise TraceError(
+            f"the trace process exited with status {proc.returncode} without an answer"
+            + (f": {tail}" if tail else ""),
+            kind="crash", detail=stderr,
+        )
+    return json.loads(stdout)
+
+
+def _result(answer: dict[str, Any], request: dict[str, Any]) -> TraceResult:
+    segments = {
+        label: ([(int(p[0]), tuple(p[1:])) for p in seg["points"]], seg["ops"])
+        for label, seg in answer["segments"].items()
+    }
+    boundary = {label: tuple(v) for label, v in answer["boundary"].items()}
+    verify = sorted({b for b in request["verify_sizes"] if b not in request["micro_batch_sizes"]})
+    answer = {**answer, **_fit(segments, boundary, answer["categories"],
+                               list(request["micro_batch_sizes"]), verify, answer["b0"])}
+    cats: list[str] = answer["categories"]
+    lines = tuple(
+        Line(
+            intercept=dict(zip(cats, ln["intercept"], strict=True)),
+            slope=dict(zip(cats, ln["slope"], strict=True)),
+            phase=_PHASES.get(ln["phase"], str(ln["phase"])),
+            segment=ln["segment"],
+        )
+        for ln in answer["lines"]
+    )
+    per_size = {}
+    for label, info in answer["per_size"].items():
+        b = int(label)
+        per_size[b] = SizePeak(
+            micro_batch=b, peak=round(info["peak"]),
+            at_peak=dict(zip(cats, (round(x) for x in info["at_peak"]), strict=True)),
+            phase=_PHASES.get(info["phase"], str(info["phase"])), segment=info["segment"],
+            ops=int(info["ops"]), in_fit=bool(info["fit"]),
+        )
+    facts = answer["facts"]
+    return TraceResult(
+        recipe_file=request["recipe_file"],
+        kind=answer["kind"],
+        device=answer["device"],
+        trace_device=answer["trace_device"],
+        precision=request["precision"],
+        optimizer=request["optimizer"],
+        activation_checkpointing=request["activation_checkpointing"],
+        grad_accum_steps=request["grad_accum_steps"],
+        micro_batch_sizes=tuple(request["micro_batch_sizes"]),
+        parameters=facts["parameters"],
+        trainable_parameters=facts["trainable_parameters"],
+        parameter_bytes=facts["parameter_bytes"],
+        buffer_bytes=facts["buffer_bytes"],
+        gradient_bytes=facts["gradient_bytes"],
+        optimizer_state_bytes=facts["optimizer_state_bytes"],
+        optimizer_class=facts["optimizer_class"],
+        foreach=facts["foreach"],
+        lines=lines,
+        per_size=per_size,
+        alignment=answer["alignment"],
+        fit_sizes=tuple(answer["fit_sizes"]),
+        max_residual_bytes=answer["max_residual_bytes"],
+        max_residual_fraction=answer["max_residual_fraction"],
+        verification=tuple(answer.get("verification", ())),
+        notes=tuple(answer.get("notes", ())),
+        substituted_ops=dict(answer.get("substituted", {})),
+        probes=dict(answer.get("probes", {})),
+        wall_s=answer.get("wall_s"),
+        host_peak_rss_bytes=answer.get("host_peak_rss_bytes"),
+        timings=dict(answer.get("timings", {})),
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# The fit: timelines -> lines in the micro-batch size. Pure numpy, no torch.
+
+
+def _fit(
+    segments: dict[str, tuple[list, list]],
+    boundary: dict[str, tuple[int, ...]],
+    categories: list[str],
+    sizes: list[int],
+    verify: list[int],
+    b0: int,
+) -> dict[str, Any]:
+    """Turn the traced segments into lines ``bytes = intercept + slope * micro_batch``.
+
+    Micro-batch part: sizes whose op sequences are identical form a group; in the largest group
+    every op's point is fitted over the group's sizes (``alignment="op"``). Sizes outside it
+    (usually 1) are kept as exact, directly traced points. Optimizer part: the points of ``b0``'s
+    optimizer phase, each moved by the fitted boundary (bytes alive when the phase starts).
+    Build and step 1 enter as constant lines (traced once; they do not grow with the batch).
+    """
+    import numpy as np  # here, not at import: the CLI imports this module
+
+    ncat = len(categories)
+    main = segments[f"b{b0}"][0]
+    opt_points = np.array([v for p, v in main if p >= 3], dtype=np.float64).reshape(-1, ncat)
+    fb = {b: [(p, v) for p, v in segments[f"b{b}"][0] if p < 3] for b in sizes + verify}
+    fb_ops = {
+        b: [op for (p, _), op in zip(segments[f"b{b}"][0], segments[f"b{b}"][1], strict=True)
+            if p < 3]
+        for b in sizes + verify
+    }
+    bound_at = {b: np.array(boundary[f"b{b}"], dtype=np.float64) for b in sizes + verify}
+    const_lines = []
+    for label in ("build", "step1"):
+        timeline = segments[label][0]
+        if timeline:
+            i = int(np.argmax([sum(v) for _, v in timeline]))
+            const_lines.append((np.array(timeline[i][1], dtype=np.float64), timeline[i][0], label))
+
+    # --- exact values at every traced size (no fit) --------------------------------------
+    def direct(b: int) -> tuple[np.ndarray, int, str]:
+        candidates: list[tuple[np.ndarray, int, str]] = [
+            (np.array(v, dtype=np.float64), p, "step") for p, v in fb[b]
+        ]
+        shift = bound_at[b] - bound_at[b0]
+        shift[-1] = 0.0  # scratch is per op, never carried
+        candidates += [(v + shift, 3, "step") for v in opt_points]
+        candidates += const_lines
+        best = max(candidates, key=lambda c: c[0].sum())
+        return best
+
+    per_size = {}
+    for b in sizes + verify:
+        v, phase, seg = direct(b)
+        per_size[str(b)] = {"peak": float(v.sum()), "at_peak": [float(x) for x in v],
+                            "phase": phase, "segment": seg, "ops": len(fb[b]),
+                            "fit": False}
+
+    # --- the fit -------------------------------------------------------------------------
+    groups: list[list[int]] = []
+    for b in sizes:
+        for g in groups:
+            if fb_ops[g[0]] == fb_ops[b]:
+                g.append(b)
+                break
+        else:
+            groups.append([b])
+    group = max(groups, key=lambda g: (len(g), max(g)))
+    if len(group) >= 2:
+        alignment = "op"
+        xs = np.array(group, dtype=np.float64)
+        values = np.array([[v for _, v in fb[b]] for b in group], dtype=np.float64)
+        phases = [p for p, _ in fb[group[0]]]
+    else:
+        # No two sizes run exactly the same ops. Align them as sequences instead: runs of equal
+        # ops pair point by point, each stretch that differs becomes one point (its maximum).
+        alignment = "sequence"
+        group = list(sizes)
+        xs = np.array(group, dtype=np.float64)
+        units, ranges = _align_sequences(fb_ops[group[-1]], [fb_ops[b] for b in group])
+        values = np.array([
+            [_range_max(fb[b], lo, hi) for lo, hi in ranges[k]] for k, b in enumerate(group)
+        ], dtype=np.float64)
+        ref = group[-1]
+        phases = [fb[ref][min(lo, len(fb[ref]) - 1)][0] for lo, _ in ranges[-1]]
+        del units
+    for b in group:
+        per_size[str(b)]["fit"] = True
+    bounds = np.array([bound_at[b] for b in group])
+    if len(xs) >= 2:
+        slope, intercept = _linear_fit(xs, values)
+        b_slope, b_intercept = _linear_fit(xs, bounds[:, None, :])
+        b_slope, b_intercept = b_slope[0], b_intercept[0]
+    else:
+        slope, intercept = np.zeros_like(values[0]), values[0]
+        b_slope, b_intercept = np.zeros(ncat), bounds[0]
+    b_slope[-1] = 0.0
+    fitted = intercept[None] + slope[None] * xs[:, None, None]
+    resid = np.abs(fitted.sum(axis=2) - values.sum(axis=2))
+    b_resid = np.abs((b_intercept[None] + b_slope[None] * xs[:, None]).sum(1) - bounds.sum(1))
+    peak = max(info["peak"] for info in per_size.values())
+    max_resid = float(max(resid.max() if resid.size else 0.0, b_resid.max()))
+
+    all_c = [intercept[t] for t in range(intercept.shape[0])]
+    all_s = [slope[t] for t in range(slope.shape[0])]
+    all_phase = list(phases)
+    all_seg = ["step"] * len(all_c)
+    # optimizer-phase points: their value at b0, moved with the boundary's slope
+    for v in opt_points:
+        all_c.append(v - b_slope * b0)
+        all_s.append(b_slope.copy())
+        all_phase.append(3)
+        all_seg.append("step")
+    for v, phase, label in const_lines:
+        all_c.append(v)
+        all_s.append(np.zeros(ncat))
+        all_phase.append(phase)
+        all_seg.append(label)
+    c_arr = np.array(all_c)
+    s_arr = np.array(all_s)
+    keep = _upper_envelope(c_arr.sum(axis=1), s_arr.sum(axis=1), start=1.0)
+    lines = [{
+        "intercept": [float(x) for x in c_arr[t]],
+        "slope": [float(x) for x in s_arr[t]],
+        "phase": int(all_phase[t]),
+        "segment": all_seg[t],
+    } for t in keep]
+    verification = []
+    for vb in verify:
+        predicted = max(sum(ln["intercept"]) + vb * sum(ln["slope"]) for ln in lines)
+        verification.append({"micro_batch": vb, "traced": per_size[str(vb)]["peak"],
+                             "predicted": predicted})
+    return {
+        "categories": categories,
+        "lines": lines,
+        "alignment": alignment,
+        "fit_sizes": group,
+        "size_groups": groups,
+        "fit_points": int(values.shape[1]),
+        "max_residual_bytes": max_resid,
+        "max_residual_fraction": max_resid / peak if peak else 0.0,
+        "per_size": per_size,
+        "verification": verification,
+    }
+
+
+def _range_max(timeline: list, lo: int, hi: int) -> list[int]:
+    """The point of largest total in ``timeline[lo:hi]`` (the one before ``lo`` if empty)."""
+    if hi <= lo:
+        return list(timeline[max(lo - 1, 0)][1])
+    return list(max((v for _, v in timeline[lo:hi]), key=sum))
+
+
+def _align_sequences(ref: list, seqs: list[list]) -> tuple[int, list[list[tuple[int, int]]]]:
+    """Split ``ref`` into units that every sequence in ``seqs`` matches, and give each sequence's
+    index range for every unit.
+
+    A unit is one op where all sequences agree (difflib "equal" runs), or one merged stretch
+    where any of them differs from ``ref`` (a batch of 1 makes a view where a larger batch makes
+    a copy). Returns (number of units, per sequence a list of (start, end) ranges).
+    """
+    from difflib import SequenceMatcher
+
+    n = len(ref)
+    bad: list[tuple[int, int]] = []
+    opcodes = []
+    for seq in seqs:
+        codes = SequenceMatcher(None, ref, seq, autojunk=False).get_opcodes()
+        opcodes.append(codes)
+        for tag, i1, i2, _, _ in codes:
+            if tag != "equal":
+                bad.append((i1, i2) if i2 > i1 else (max(i1 - 1, 0), min(i1 + 1, n)))
+    bad.sort()
+    merged: list[list[int]] = []
+    for a, b in bad:
+        if merged and a <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], b)
+        else:
+            merged.append([a, b])
+    cuts: list[tuple[int, int]] = []
+    i = 0
+    for a, b in merged:
+        cuts.extend((k, k + 1) for k in range(i, a))
+        cuts.append((a, b))
+        i = b
+    cuts.extend((k, k + 1) for k in range(i, n))
+    ranges = []
+    for codes in opcodes:
+        to_seq: dict[int, int] = {}
+        for tag, i1, i2, j1, j2 in codes:
+            if tag == "equal":
+                for k in range(i1, i2 + 1):
+                    to_seq[k] = j1 + (k - i1)
+            else:
+                to_seq.setdefault(i1, j1)
+                to_seq[i2] = j2
+        ranges.append([(to_seq[a], to_seq[b]) for a, b in cuts])
+    return len(cuts), ranges
+
+
+def _linear_fit(xs: Any, values: Any) -> tuple[Any, Any]:
+    """Least-squares slope and intercept along axis 0 of ``values`` (sizes x points x cats)."""
+    xm = xs.mean()
+    dx = xs - xm
+    slope = (dx[:, None, None] * (values - values.mean(axis=0))).sum(axis=0) / (dx**2).sum()
+    return slope, values.mean(axis=0) - slope * xm
+
+
+def _upper_envelope(c: Any, s: Any, start: float) -> list[int]:
+    """Indices of the lines ``c + s*x`` that are the maximum for some ``x >= start``."""
+    import numpy as np
+
+    order = np.lexsort((c, s))  # by slope, then intercept
+    hull: list[int] = []
+    for i in order:
+        i = int(i)
+        while hull and s[hull[-1]] == s[i]:
+            hull.pop()  # same slope, lower (or equal) intercept: never above
+        while len(hull) >= 2:
+            a, m = hull[-2], hull[-1]
+            # m is never the maximum if i overtakes a no later than m does
+            if (c[a] - c[i]) * (s[m] - s[a]) <= (c[a] - c[m]) * (s[i] - s[a]):
+                hull.pop()
+            else:
+                break
+        hull.append(i)
+    keep = []
+    for k, i in enumerate(hull):
+        if k + 1 < len(hull):
+            j = hull[k + 1]
+            if (c[i] - c[j]) / (s[j] - s[i]) < start:
+                continue  # overtaken before ``start``
+        keep.append(i)
+    return keep
