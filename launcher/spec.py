@@ -145,6 +145,9 @@ def _validate(spec: Spec) -> None:
         value = getattr(spec, name)
         if value is not None and value < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be at least 1, not {value}")
+    if spec.strategy == "smp_v2" and spec.provider != "sagemaker":
+        raise UsageError("smp_v2 is SageMaker's model-parallel library and runs only there",
+                         "use --provider sagemaker, or --strategy fsdp / hybrid_shard")
     if spec.lr <= 0:
         raise UsageError(f"the learning rate must be positive, not {spec.lr}")
     if spec.budget is not None and spec.budget <= 0:

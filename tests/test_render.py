@@ -131,8 +131,8 @@ def test_script_mode_renders_no_script() -> None:
 
 
 def test_strategies_without_a_template_are_refused_by_name() -> None:
-    with pytest.raises(ValueError, match="fsdp") as raised:
-        render(make_plan(strategy="fsdp"), make_settings())
+    with pytest.raises(ValueError, match="pipeline") as raised:
+        render(make_plan(strategy="pipeline"), make_settings())
     assert "ddp" in str(raised.value) and "single" in str(raised.value)
 
 

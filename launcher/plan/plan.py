@@ -67,6 +67,12 @@ class Plan:
     step_time_s: float | None = None
     total_cost_usd: float | None = None
     memory: Memory = field(default_factory=Memory)
+    # Sharded strategies (fsdp, hybrid_shard, smp_v2): FSDP's reshard after forward, the size of
+    # a shard group (None: the GPUs of a node), and SMP v2's tensor parallelism and offloading.
+    reshard_after_forward: bool = True
+    hybrid_shard_degree: int | None = None
+    tensor_parallel_degree: int = 1
+    activation_offloading: bool = False
     # Why this candidate exists, in words ("as asked", "micro-batch 8 -> 4, 2 accumulation steps").
     note: str = ""
 

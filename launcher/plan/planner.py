@@ -31,8 +31,8 @@ from launcher.plan.plan import Memory, Plan
 from launcher.spec import Spec
 from launcher.status import ExitStatus, LaunchError, UsageError
 
-#: Strategies the training templates can run today (the rest are planned for the clouds).
-RUNNABLE_STRATEGIES = ("single", "ddp")
+#: Strategies the training templates can run on any provider (smp_v2 needs SageMaker's image).
+RUNNABLE_STRATEGIES = ("single", "ddp", "fsdp", "hybrid_shard")
 SHARDED = ("fsdp", "hybrid_shard", "smp_v2")
 
 #: (precision, optimizer, activation checkpointing) -> the single-device footprint.
@@ -121,7 +121,7 @@ def shard_degree(strategy: str, nodes: int, gpus: int) -> int:
 
 
 def per_gpu_memory(fp: Footprint, target: Target, strategy: str, nodes: int, gpus: int,
-                   micro: int) -> Memory:
+                   micro: int, accum: int = 1) -> Memory:
     """The footprint at ``micro`` under ``strategy``, with the GPU-side overheads."""
     single = fp.memory_at(micro)
     degree = shard_degree(strategy, nodes, gpus)
@@ -130,6 +130,10 @@ def per_gpu_memory(fp: Footprint, target: Target, strategy: str, nodes: int, gpu
         return None if x is None else -(-x // degree)
 
     params, grads, opt = div(single.parameters), div(single.gradients), div(single.optimizer)
+    if degree > 1 and accum > 1:
+        # The templates accumulate without a reduce-scatter until the last micro-step (FSDP2's
+        # set_requires_gradient_sync(False)): each GPU holds the whole unsharded gradient.
+        grads = single.gradients
     temporary, activations = div(single.temporary), single.activations
     if degree == 1:
         peak = single.peak_allocated
@@ -221,7 +225,7 @@ def _hardware(target: Target, precision: str) -> Hardware:
 
 def _evaluate(spec: Spec, fp: Footprint, target: Target, rung: Rung, gpus: int, micro: int,
               accum: int) -> Plan:
-    memory = per_gpu_memory(fp, target, rung.strategy, rung.nodes, gpus, micro)
+    memory = per_gpu_memory(fp, target, rung.strategy, rung.nodes, gpus, micro, accum)
     world = rung.nodes * gpus
     compute_bytes = 4 if fp.precision == "fp32" else 2
     cost = step_cost(
