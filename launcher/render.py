@@ -155,6 +155,9 @@ def plan_env(plan: Plan, settings: TrainSettings) -> dict[str, str]:
     }
     if plan.seq_len is not None:
         env["LAUNCH_SEQ_LEN"] = str(plan.seq_len)
+    if plan.expandable_segments:
+        # Read by PyTorch when CUDA initialises: it has to be in the process's environment.
+        env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
     return env
 
 

@@ -5,7 +5,8 @@ the forward or backward pass, or the data step), halve the micro-batch and doubl
 accumulation, so the global batch, and with it the optimization, is unchanged. When the micro-batch
 is already 1, checkpoint the ``wrap_modules()`` blocks' activations. When model states overflowed
 (the optimizer step, or the model's construction), no batch size helps; sharding is the fix, and
-this replanner says so instead of retrying.
+this replanner says so instead of retrying. A fragmented allocator (reserved memory that is
+not one block) first gets PyTorch's expandable segments on the same plan.
 """
 
 from __future__ import annotations
@@ -62,6 +63,15 @@ def replan(plan: Plan, failure: dict[str, Any], *, can_checkpoint: bool = True
     """(fixed plan, what changed and why), or None when no change of this kind can help."""
     phase = failure.get("phase")
     cause = failure.get("cause")
+    if cause == "fragmentation" and not plan.expandable_segments:
+        fixed = plan.replace(expandable_segments=True, fits=None,
+                             note="expandable segments")
+        return fixed, (
+            "out of memory with the memory reserved but split into pieces (fragmentation): the "
+            "same plan with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, so the allocator "
+            "grows segments instead of splitting them")
+    if cause == "fragmentation":
+        cause = "activations"  # fragmented even so: less memory per step is what is left
     activations = cause == "activations" or (cause in (None, "unknown")
                                              and phase in ACTIVATION_PHASES)
     if not activations:

@@ -57,3 +57,28 @@ def test_the_allocators_figures_pick_the_micro_batch_that_fits():
     failure["reserved_bytes"], failure["requested_bytes"] = 23 * GiB, 40 * GiB
     fixed, _ = replan(plan, failure)
     assert fixed.micro_batch_size < 8
+
+
+def test_seed_oom_partway_tells_fragmentation_from_activations():
+    """cuda-oom-partway: the log decides. Fragmentation gets expandable segments on the same
+    plan; a second OOM (or an activations one) gets the smaller micro-batch."""
+    from launcher.failures import explain_lines
+    from launcher.render import TrainSettings, plan_env
+
+    # A real fragmentation message (litgpt#303's shape): 8.65 GiB reserved but unallocated,
+    # more than the 8.06 GiB asked for.
+    log = ["step 57 loss 2.31",
+           "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 8.06 GiB. GPU 0 has a "
+           "total capacity of 23.70 GiB of which 1.27 GiB is free. Of the allocated memory "
+           "12.62 GiB is allocated by PyTorch, and 8.65 GiB is reserved by PyTorch but "
+           "unallocated."]
+    diagnosis = explain_lines(log).to_dict()
+    assert diagnosis["cause"] == "fragmentation"
+    fixed, why = replan(_plan(micro=8), diagnosis)
+    assert fixed.expandable_segments and fixed.micro_batch_size == 8
+    assert "expandable_segments:True" in why
+    env = plan_env(fixed, TrainSettings(recipe_file="train.py", mode="recipe", run_id="r",
+                                        attempt=2))
+    assert env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+    again, _ = replan(fixed, diagnosis)
+    assert again.micro_batch_size < 8 and again.expandable_segments

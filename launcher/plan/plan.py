@@ -73,6 +73,9 @@ class Plan:
     hybrid_shard_degree: int | None = None
     tensor_parallel_degree: int = 1
     activation_offloading: bool = False
+    # PyTorch's caching allocator grows segments instead of splitting them
+    # (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True): the fix for a fragmented allocator.
+    expandable_segments: bool = False
     # Why this candidate exists, in words ("as asked", "micro-batch 8 -> 4, 2 accumulation steps").
     note: str = ""
 
