@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 TORCH := torch==2.13.0
 TORCH_PIP_ARGS ?=
 
-.PHONY: setup demo test lint bench clean
+.PHONY: setup demo test lint bench checkov clean
 
 $(BIN)/launch: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -21,7 +21,17 @@ setup: $(BIN)/launch
 demo: setup
 	$(BIN)/launch examples/tinygpt/train.py
 
-test: setup
+# checkov pins an older boto3/botocore than the cloud SDKs here: it gets a virtualenv of its own.
+CHECKOV := .venv-checkov/bin/checkov
+$(CHECKOV):
+	$(PY) -m venv .venv-checkov
+	.venv-checkov/bin/pip install -q "checkov==3.3.30"
+
+checkov: $(CHECKOV)
+	$(CHECKOV) -d infra/aws --var-file infra/aws/example.tfvars --framework terraform --skip-download --compact --quiet
+	$(CHECKOV) -d infra/gcp --var-file infra/gcp/example.tfvars --framework terraform --skip-download --compact --quiet
+
+test: setup $(CHECKOV)
 	$(BIN)/python -m pytest -q
 
 lint: setup
@@ -31,4 +41,4 @@ bench: setup
 	$(BIN)/python bench/bench_cli_startup.py
 
 clean:
-	rm -rf $(VENV) .launch
+	rm -rf $(VENV) .venv-checkov .launch

@@ -409,6 +409,29 @@ def machines_command(provider: str, gpu: str | None, as_json: bool, debug: bool)
               "); prices and sources: launcher/plan/catalogs/README.md[/]")
 
 
+@cli.command("doctor")
+@click.option("--provider", envvar="LAUNCH_PROVIDER", required=True, help="vertex or sagemaker.")
+@click.option("--region", envvar="LAUNCH_REGION", help="Cloud region.")
+@click.option("--bucket", envvar="LAUNCH_BUCKET", help="Bucket for code and checkpoints.")
+@click.option("--project", envvar="LAUNCH_PROJECT", help="Google Cloud project (Vertex).")
+@click.option("--service-account", envvar="LAUNCH_SERVICE_ACCOUNT",
+              help="The jobs' service account (Vertex).")
+@click.option("--role", envvar="LAUNCH_ROLE", help="Execution role ARN (SageMaker).")
+@click.option("--machine", help="Also check the GPU quota of this machine type.")
+@common
+def doctor_command(provider: str, as_json: bool, debug: bool, **options: Any) -> None:
+    """Check credentials, account, bucket, role, permissions and GPU quota for a cloud."""
+    from launcher.doctor import print_report, run_doctor
+    from launcher.spec import load_config
+
+    env = _env()
+    config, _ = load_config(env.cwd)  # s3_prefix, job_prefix ... are config keys, not flags
+    settings = {**config, **{k: v for k, v in options.items() if v is not None}}
+    report = run_doctor(provider, settings, env.environ)
+    print_report(report, env.stdout, as_json=as_json)
+    raise SystemExit(report.exit_status)
+
+
 # -- following runs ----------------------------------------------------------------------------
 
 
@@ -544,7 +567,7 @@ def main(args: list[str] | None = None, env: Environment | None = None) -> int:
         from launcher.spec import load_config
 
         config, _source = load_config(env.cwd)
-        defaults = {name: config for name in ("run", "plan")}
+        defaults = {name: config for name in ("run", "plan", "doctor")}
         code = cli.main(args=args, prog_name="launch", standalone_mode=False, obj=env,
                         default_map=defaults)
         return int(code) if isinstance(code, int) else ExitStatus.SUCCESS

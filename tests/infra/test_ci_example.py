@@ -1,0 +1,137 @@
+"""examples/ci/launch.yml: the pull-request gate runs `launch plan --json` and its exit status
+decides; merges launch with OIDC credentials only; the plan and the memory report are kept.
+
+The gate's own shell step is run here, as GitHub would run it (bash, GITHUB_OUTPUT), with the real
+`launch` of this checkout: a plan that fits passes, one that does not fit fails with status 3,
+and both leave plan.json and plan.html behind for the artifact step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+yaml = pytest.importorskip("yaml")
+
+REPO = Path(__file__).resolve().parents[2]
+WORKFLOW = REPO / "examples" / "ci" / "launch.yml"
+PLAIN = REPO / "examples" / "plain" / "train.py"
+GPT2 = "--params 125M --layers 12 --hidden-size 768 --heads 12 --vocab-size 50257 --seq-len 1024"
+
+
+@pytest.fixture(scope="module")
+def workflow() -> dict[str, Any]:
+    data = yaml.safe_load(WORKFLOW.read_text())
+    data["on"] = data.pop(True, data.get("on"))  # YAML 1.1 reads the key `on` as true
+    return data
+
+
+def step(job: dict[str, Any], name: str) -> dict[str, Any]:
+    return next(s for s in job["steps"] if s.get("name") == name or s.get("id") == name)
+
+
+def test_triggers_and_least_privilege(workflow: dict[str, Any]) -> None:
+    assert set(workflow["on"]) == {"pull_request", "push"}
+    assert workflow["on"]["push"]["branches"] == ["main"]
+    assert workflow["permissions"] == {"contents": "read"}
+    plan, launch = workflow["jobs"]["plan"], workflow["jobs"]["launch"]
+    assert "permissions" not in plan  # no OIDC token for pull requests
+    assert launch["permissions"] == {"contents": "read", "id-token": "write"}
+    assert launch["needs"] == "plan"
+    assert launch["if"] == "github.event_name == 'push' && github.ref == 'refs/heads/main'"
+
+
+def test_no_long_lived_credentials(workflow: dict[str, Any]) -> None:
+    text = WORKFLOW.read_text()
+    assert "secrets." not in text
+    for forbidden in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "credentials_json"):
+        assert forbidden not in text
+    launch = workflow["jobs"]["launch"]
+    aws = step(launch, "AWS credentials (OIDC, no keys)")
+    assert aws["uses"].startswith("aws-actions/configure-aws-credentials@")
+    assert aws["with"]["role-to-assume"] == "${{ vars.AWS_ROLE_ARN }}"
+    gcp = step(launch, "Google Cloud credentials (Workload Identity Federation, no key file)")
+    assert gcp["uses"].startswith("google-github-actions/auth@")
+    assert set(gcp["with"]) == {"workload_identity_provider", "service_account"}
+    for job in workflow["jobs"].values():
+        checkout = next(s for s in job["steps"] if s.get("uses", "").startswith(
+            "actions/checkout@"))
+        assert checkout["with"]["persist-credentials"] is False
+
+
+def test_plans_and_reports_are_kept_as_artifacts(workflow: dict[str, Any]) -> None:
+    for job, name in (("plan", "Keep the plan"), ("launch", "Keep the plan, the run and its "
+                                                             "attempts")):
+        upload = step(workflow["jobs"][job], name)
+        assert upload["uses"].startswith("actions/upload-artifact@")
+        assert upload["if"] == "always()"  # a failed gate keeps its plan too
+        paths = upload["with"]["path"].split()
+        assert {"plan.json", "plan.html"} <= set(paths)
+        assert not any("*" in p or p in (".", "./") for p in paths)  # named paths only
+    run = step(workflow["jobs"]["launch"], "Launch")["run"]
+    assert "launch run" in run and "--json" in run
+
+
+def test_the_ci_variables_are_terraform_outputs(workflow: dict[str, Any]) -> None:
+    """Every repository variable the workflow reads is named in its header, and each
+    LAUNCH_* one is a setting of the launcher (a flag's environment variable)."""
+    from launcher.cli import PLAN_OPTIONS
+
+    text = WORKFLOW.read_text()
+    header = text.split("\nname:", 1)[0]
+    used = set(re.findall(r"vars\.([A-Z_]+)", text))
+    assert used and all(name in header for name in used)
+
+    def command() -> None: ...
+
+    for option in PLAN_OPTIONS:
+        command = option(command)
+    envvars = {p.envvar for p in command.__click_params__ if p.envvar}  # type: ignore[attr-defined]
+    settings = {n for n in used if n.startswith("LAUNCH_") and n != "LAUNCH_PLAN_ARGS"}
+    assert settings <= envvars, settings - envvars
+
+
+def _run_gate(workflow: dict[str, Any], tmp_path: Path, plan_args: str) -> tuple[int, str]:
+    script = step(workflow["jobs"]["plan"], "plan")["run"]
+    output = tmp_path / "github_output"
+    output.touch()
+    environ = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        "GITHUB_OUTPUT": str(output), "LAUNCH_STATE_DIR": str(tmp_path / "state"),
+        "SCRIPT": str(PLAIN), "LAUNCH_PROVIDER": "sagemaker", "LAUNCH_REGION": "us-east-1",
+        "LAUNCH_BUCKET": "launch-123456789012-us-east-1",
+        "LAUNCH_ROLE": "arn:aws:iam::123456789012:role/launch-sagemaker-execution",
+        "LAUNCH_PLAN_ARGS": plan_args,
+    }
+    done = subprocess.run(["bash", "-e", "-c", script], cwd=tmp_path, env=environ,
+                          capture_output=True, text=True, timeout=120)
+    assert output.read_text().strip() == f"status={done.returncode}"
+    return done.returncode, done.stdout + done.stderr
+
+
+def test_the_gate_passes_a_plan_that_fits(workflow: dict[str, Any], tmp_path: Path) -> None:
+    status, printed = _run_gate(workflow, tmp_path, GPT2)
+    assert status == 0, printed
+    assert "::notice title=launch plan::" in printed
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    assert plan["chosen"]["fits"] is True
+    assert plan["request"]["api"] == "sagemaker:CreateTrainingJob"
+    assert (tmp_path / "plan.html").read_text().lstrip().lower().startswith("<!doctype html")
+
+
+def test_the_gate_fails_when_nothing_fits(workflow: dict[str, Any], tmp_path: Path) -> None:
+    too_big = ("--params 70B --layers 80 --hidden-size 8192 --heads 64 --vocab-size 32000 "
+               "--seq-len 4096 --machine ml.g4dn.xlarge --nodes 1")
+    status, printed = _run_gate(workflow, tmp_path, too_big)
+    assert status == 3, printed
+    assert "::error title=launch plan::no plan fits" in printed
+    assert json.loads((tmp_path / "plan.json").read_text())["chosen"] is None
+    assert (tmp_path / "plan.html").exists()  # the artifact step has the report to keep
