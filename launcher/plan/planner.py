@@ -249,13 +249,16 @@ def _evaluate(spec: Spec, fp: Footprint, target: Target, rung: Rung, gpus: int, 
         memory=memory, note=rung.label)
 
 
-def _micro_options(spec: Spec, world: int, shrink: bool) -> list[int]:
+def _micro_options(spec: Spec, world: int, shrink: bool, level: int) -> list[int]:
+    """Micro-batches to try on a rung, largest first. Rung 1 is "a smaller micro-batch", so it
+    starts below the whole per-rank batch; the later rungs start from the whole batch again."""
     per_rank = spec.global_batch_size // world
     if spec.micro_batch_size is not None:
         return [spec.micro_batch_size]
     if not shrink:
         return [per_rank]
-    return [m for m in range(per_rank - 1, 0, -1) if per_rank % m == 0]
+    top = per_rank - 1 if level == 1 else per_rank
+    return [m for m in range(top, 0, -1) if per_rank % m == 0]
 
 
 def plan_on(spec: Spec, estimator: Estimator, target: Target, provider: str,
@@ -278,7 +281,7 @@ def plan_on(spec: Spec, estimator: Estimator, target: Target, provider: str,
             continue  # more nodes than the global batch can feed: not an option
         fp = estimator(precision, optimizer, rung.checkpointing)
         tried: Plan | None = None
-        for micro in _micro_options(spec, world, rung.smaller_micro):
+        for micro in _micro_options(spec, world, rung.smaller_micro, rung.level):
             accum = spec.global_batch_size // (micro * world)
             candidate = _evaluate(spec, fp, target, rung, gpus, micro, accum)
             if tried is None:

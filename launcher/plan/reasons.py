@@ -52,7 +52,7 @@ def _decimal(n: int) -> str:
     """Decimal units, as parameter arithmetic is done: 16 x 30B = 480 GB."""
     for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
         if n >= scale:
-            return f"{n / scale:,.0f} {unit}"
+            return f"{n / scale:,.3g} {unit}"
     return f"{n} B"
 
 
