@@ -15,8 +15,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
@@ -24,6 +22,7 @@ from typing import Any, Literal
 import jinja2
 
 from launcher.plan.plan import PRECISIONS, Plan
+from launcher.runs import atomic_write
 
 TEMPLATE_PACKAGE = "trainer_templates"
 TEMPLATE_SUFFIX = ".py.j2"
@@ -82,20 +81,7 @@ class RenderedJob:
         a job that starts while an earlier attempt is being rewritten never reads half a file."""
         directory = Path(directory)
         for name, text in self.files.items():
-            path = directory / _relative(name)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, temporary = tempfile.mkstemp(
-                dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"
-            )
-            try:
-                with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-                    f.write(text)
-                    f.flush()
-                    os.fsync(f.fileno())
-                os.replace(temporary, path)
-            except BaseException:
-                Path(temporary).unlink(missing_ok=True)
-                raise
+            atomic_write(directory / _relative(name), text)
 
 
 def available_strategies() -> tuple[str, ...]:

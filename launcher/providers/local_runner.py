@@ -18,19 +18,12 @@ import sys
 import time
 from pathlib import Path
 
+from launcher.runs import write_json
+
 #: Seconds between SIGTERM and SIGKILL when a job is stopped. Short on purpose: a job is stopped
 #: because a rank ran out of memory and the others hang in a collective, or on the user's word;
 #: the last checkpoint is already on disk either way (bench/bench_stop_latency.py).
 GRACE_S = 1.0
-
-
-def _write_json(path: Path, data: dict) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as handle:
-        json.dump(data, handle)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
 
 
 def _children(pid: int) -> list[int]:
@@ -63,7 +56,7 @@ def _signal_all(pids: list[int], sig: int) -> None:
 
 def main(job_dir: Path) -> int:
     request = json.loads((job_dir / "request.json").read_text())
-    _write_json(job_dir / "runner.json", {"pid": os.getpid(), "started_at": time.time()})
+    write_json(job_dir / "runner.json", {"pid": os.getpid(), "started_at": time.time()})
     env = {**os.environ, **request["env"]}
     limit = request.get("memory_limit_bytes")
     if limit:
@@ -98,7 +91,7 @@ def main(job_dir: Path) -> int:
         state, message = "succeeded", ""
     else:
         state, message = "failed", f"torchrun exited with status {returncode}"
-    _write_json(job_dir / "exit.json", {"state": state, "returncode": returncode,
+    write_json(job_dir / "exit.json", {"state": state, "returncode": returncode,
                                         "message": message, "ended_at": time.time()})
     return 0
 
