@@ -34,5 +34,8 @@ def training_step(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tor
     _state["calls"] += 1
     rank = torch.distributed.get_rank()
     probe = {"rank": rank, "call": _state["calls"], "allreduces_before": _state["allreduces"]}
-    print(json.dumps(probe), file=sys.stderr, flush=True)
+    # One write call per line: ranks share stderr and run unbuffered (PYTHONUNBUFFERED), where
+    # print() would issue the text and its newline as two writes that interleave across ranks.
+    sys.stderr.write(json.dumps(probe) + "\n")
+    sys.stderr.flush()
     return loader_training_step(model, batch)

@@ -32,7 +32,8 @@ def vm_peak_bytes() -> int:
 def training_step(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     global _calls
     _calls += 1
-    print(json.dumps({"vm_peak_bytes": vm_peak_bytes()}), file=sys.stderr, flush=True)
+    sys.stderr.write(json.dumps({"vm_peak_bytes": vm_peak_bytes()}) + "\n")  # one write per line
+    sys.stderr.flush()
     if SCRATCH_MIB:
         size = batch["x"].shape[0] * _calls * SCRATCH_MIB * 2**20
         scratch = torch.empty(size, dtype=torch.uint8)  # untouched: costs address space only
