@@ -12,10 +12,13 @@ Three parts (docs/benchmarks.md, section "Estimator (CPU accuracy)", has the res
 3. Speed: a traced preflight of a Llama-7B-shaped recipe (32 layers, 4096 wide, 32 heads, 8 KV
    heads, SwiGLU 11008, vocab 32000, sequence 2048), CUDA semantics, bf16 autocast, AdamW:
    wall time, CPU time and peak host memory of the child process.
+4. Depth scaling: deep models (``--layers``) traced whole and at two depths extrapolated
+   (``scale_depth``), against each other (every category, micro-batches 1 to 32) and a real step.
 
     .venv/bin/python bench/bench_estimate_cpu.py                 # everything (~15 min on 2 cores)
     .venv/bin/python bench/bench_estimate_cpu.py --part accuracy --archs gpt,cnn
     .venv/bin/python bench/bench_estimate_cpu.py --part speed --sizes 1,2
+    .venv/bin/python bench/bench_estimate_cpu.py --part depth --layers 12
 
 Every run is a child process (the launcher's own), so the numbers include nothing of this one.
 """
@@ -87,6 +90,33 @@ def accuracy(arch: str, directory: Path, micro_batch: int, predict: int,
     return row
 
 
+DEPTH_ARCHS = ("gpt", "llama", "vit", "encdec", "moe")
+
+
+def depth_scaling(arch: str, directory: Path, layers: int, micro_batch: int,
+                  predict: int) -> dict[str, Any]:
+    """The same deep model traced whole and at two depths extrapolated, and really run."""
+    recipe = write_recipe(arch, directory / f"{arch}_deep{layers}", layers=layers)
+    timed: dict[str, Any] = {}
+    for label, scale in (("whole", False), ("scaled", True)):
+        started = time.perf_counter()
+        timed[label] = trace_recipe(recipe, device="cpu", micro_batch_sizes=(1, 2, 4),
+                                    scale_depth=scale, timeout_s=900)
+        timed[f"{label}_s"] = round(time.perf_counter() - started, 1)
+    real = measure_recipe(recipe, micro_batch=micro_batch, timeout_s=900).peak_allocated
+    whole, scaled = timed["whole"], timed["scaled"]
+    return {
+        "arch": arch, "layers": layers, "parameters": whole.parameters, "kind": scaled.kind,
+        "scaled": type(scaled).__name__ == "ScaledTrace",
+        "blocks": getattr(scaled, "blocks", None), "real": real,
+        "whole": whole.peak_at(micro_batch), "extrapolated": scaled.peak_at(micro_batch),
+        "error": _error(scaled.peak_at(micro_batch), real),
+        "same_bytes": all(whole.memory_at(b) == scaled.memory_at(b)
+                          for b in (1, 2, 4, predict, 32)),
+        "whole_s": timed["whole_s"], "scaled_s": timed["scaled_s"],
+    }
+
+
 def optimizer_spike(directory: Path) -> list[dict[str, Any]]:
     """foreach vs for-loop AdamW where the optimizer step is the peak (weights dominate)."""
     rows = []
@@ -135,7 +165,8 @@ def _pct(x: float) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--part", choices=("all", "accuracy", "variants", "spike", "speed"),
+    parser.add_argument("--part", choices=("all", "accuracy", "variants", "spike", "speed",
+                                           "depth"),
                         default="all")
     parser.add_argument("--archs", default=",".join(ARCHS))
     parser.add_argument("--micro-batch", type=int, default=4)
@@ -143,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", default=None, help="traced sizes (accuracy: 1,2,4; speed: 1,2)")
     parser.add_argument("--kv-heads", default="8", help="speed: KV heads of the 7B, e.g. 8,32")
     parser.add_argument("--jobs", type=int, default=2, help="child processes at a time")
+    parser.add_argument("--layers", type=int, default=12, help="depth: blocks of the models")
     parser.add_argument("--json", default=None, help="also write the results here")
     args = parser.parse_args(argv)
     directory = Path(tempfile.mkdtemp(prefix="bench_estimate_"))
@@ -186,6 +218,22 @@ def main(argv: list[str] | None = None) -> int:
         for r in rows:
             print(f"| foreach={r['foreach']} | {r['real']:,} | {r['traced']:,} | "
                   f"{_pct(r['error'])} | {r['phase']} |")
+
+    if args.part in ("all", "depth"):
+        archs = [a for a in args.archs.split(",") if a in DEPTH_ARCHS]
+        rows = [depth_scaling(a, directory, args.layers, args.micro_batch, args.predict)
+                for a in archs]
+        results["depth"] = rows
+        print(f"\n| arch, {args.layers} blocks | params | scaled? | real peak (B) | whole trace (B)"
+              " | extrapolated (B) | error | same bytes as whole, b=1..32 | whole s | scaled s |")
+        print("| --- | ---: | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: |")
+        for r in rows:
+            failed |= abs(r["error"]) > TARGET or not r["same_bytes"]
+            blocks = r["blocks"] or {}
+            how = f"{blocks.get('path')} {blocks.get('traced_depths')}" if r["scaled"] else "no"
+            print(f"| {r['arch']} | {r['parameters']:,} | {how} | {r['real']:,} | "
+                  f"{r['whole']:,} | {r['extrapolated']:,} | {_pct(r['error'])} | "
+                  f"{r['same_bytes']} | {r['whole_s']} | {r['scaled_s']} |")
 
     if args.part in ("all", "speed"):
         sizes = tuple(int(x) for x in (args.sizes or "1,2").split(","))

@@ -444,10 +444,23 @@ def write_recipe(arch: str, directory: str | Path, **config: Any) -> Path:
         from models_zoo import Recipe
 
         _recipe = Recipe({arch!r}, **{config!r})
-        build_model = _recipe.build_model
-        example_batch = _recipe.example_batch
-        training_step = _recipe.training_step
-        wrap_modules = _recipe.wrap_modules
+
+
+        # Top-level functions, so that `launch` classifies the file as a recipe.
+        def build_model():
+            return _recipe.build_model()
+
+
+        def example_batch(batch_size):
+            return _recipe.example_batch(batch_size)
+
+
+        def training_step(model, batch):
+            return _recipe.training_step(model, batch)
+
+
+        def wrap_modules():
+            return _recipe.wrap_modules()
         """))
     return path
 

@@ -159,13 +159,38 @@ def _plan(env: Environment, options: dict[str, Any], *, dry_run: bool = False
             if not dry_run or name not in REGISTRY:
                 raise
             provider_error = str(exc)
+    tracing = _prestart_trace(env, options)
+    probe = None
+    if tracing:
+        from launcher.estimate.traced import probe
     info = inspect_script(options["script"], python=env.python, env=env.environ,
-                          local=name == "local")
+                          local=name == "local", count_flops=not tracing, probe=probe)
     spec = build_spec(options, info)
     result = preflight(spec, info, env.state_dir, env.environ)
     if provider_error:
         result.notes.append(f"no {name} request: {provider_error}")
     return spec, info, result, provider
+
+
+def _prestart_trace(env: Environment, options: dict[str, Any]) -> bool:
+    """Start the estimator's trace child now if the plan will trace the recipe, so that its
+    torch import overlaps the recipe's loading (seconds off every traced preflight); say
+    whether it will (the trace then also counts the FLOPs the recipe probe would)."""
+    from launcher.recipe import classify
+
+    if (env.environ.get("LAUNCH_NO_TRACE") == "1" or options.get("model_config") is not None
+            or options.get("params") is not None):
+        return False
+    try:
+        mode, _hooks = classify(options["script"])
+    except LaunchError:
+        return False  # inspect_script says what is wrong
+    if mode != "recipe":
+        return False
+    from launcher.estimate.traced import prestart
+
+    prestart()
+    return True
 
 
 @cli.command("plan")

@@ -7,7 +7,9 @@ It picks the estimate that the input allows (a recipe is traced; a plain script 
 from __future__ import annotations
 
 import functools
+import importlib.util
 import os
+import tempfile
 from dataclasses import replace
 from pathlib import Path
 
@@ -56,40 +58,100 @@ def _counted(info: ScriptInfo, precision: str, optimizer: str, checkpointing: bo
 
 
 def _traced(spec: Spec, info: ScriptInfo, precision: str, optimizer: str,
-            checkpointing: bool, device: str, environ: dict[str, str]) -> Footprint:
-    """The recipe's own training step traced on fake tensors (see estimate/traced.py).
+            variants: tuple[bool, ...], device: str, environ: dict[str, str]
+            ) -> dict[bool, Footprint | UsageError]:
+    """The recipe's own training step traced on fake tensors (see estimate/traced.py), with and
+    without activation checkpointing (``variants``) in one child: torch is imported once, and
+    the planner nearly always asks for both.
 
     A trace that cannot finish in time falls back to the counted model states, with a note; an
-    error in the user's code is theirs to fix and stops the launch with its file and line.
+    error in the user's code is theirs to fix and stops the launch with its file and line (when
+    the planner asks for that variant).
     """
-    from launcher.estimate.traced import TraceError, TraceTimeout, trace_recipe
+    from launcher.estimate.traced import TraceError, TraceTimeout, trace_recipe_configs
 
     # The templates use the recipe's build_optimizer unless the optimizer is pinned: so does
     # the trace.
     pinned = spec.optimizer is not None or "build_optimizer" not in info.hooks
     timeout = float(environ.get("LAUNCH_TRACE_TIMEOUT", DEFAULT_TRACE_TIMEOUT_S))
     try:
-        trace = trace_recipe(
-            spec.script, micro_batch_sizes=(1, 2, 4), precision=precision,
-            optimizer=optimizer if pinned else None, activation_checkpointing=checkpointing,
-            grad_accum_steps=2, device=device, timeout_s=timeout,  # type: ignore[arg-type]
-            max_grad_norm=spec.max_grad_norm, lr=spec.lr, weight_decay=spec.weight_decay,
-            seed=spec.seed)
+        traces = trace_recipe_configs(
+            # FLOPs from the plain variant: cost.py adds checkpointing's recomputation itself.
+            spec.script, [{"activation_checkpointing": v,
+                           "count_flops": info.flops_per_sample is None and not v}
+                          for v in variants],
+            micro_batch_sizes=(1, 2, 4), precision=precision,
+            optimizer=optimizer if pinned else None, grad_accum_steps=2, device=device,
+            timeout_s=timeout, max_grad_norm=spec.max_grad_norm, lr=spec.lr,
+            weight_decay=spec.weight_decay, seed=spec.seed,
+            scale_depth=environ.get("LAUNCH_TRACE_DEPTH") != "full")
     except TraceTimeout:
-        counted = _counted(info, precision, optimizer, checkpointing)
-        return replace(counted, note=f"the trace took longer than {timeout:.0f} s "
-                       "(LAUNCH_TRACE_TIMEOUT): the plan checks model states only")
+        return {v: replace(_counted(info, precision, optimizer, v),
+                           note=f"the trace took longer than {timeout:.0f} s "
+                           "(LAUNCH_TRACE_TIMEOUT): the plan checks model states only")
+                for v in variants}
     except TraceError as exc:
-        where = f"{Path(exc.file).name}:{exc.line}: " if exc.file and exc.line else ""
-        raise UsageError(f"tracing the recipe failed: {where}{exc.message}",
-                         "fix the script, or set LAUNCH_NO_TRACE=1 to plan on model states "
-                         "only") from None
-    note = "; ".join(trace.notes[:2]) if trace.is_bound else ""
-    return Footprint(kind="upper_bound" if trace.is_bound else "traced", precision=precision,
-                     optimizer=optimizer, activation_checkpointing=checkpointing,
-                     parameters=trace.parameters, memory_at=trace.memory_at,
-                     unit_parameters=info.unit_parameters,
-                     flops_per_sample=info.flops_per_sample, note=note)
+        traces = [exc] * len(variants)
+    flops = info.flops_per_sample or next(
+        (t.flops_per_sample for v, t in zip(variants, traces, strict=True)
+         if not v and not isinstance(t, TraceError)), None)
+    out: dict[bool, Footprint | UsageError] = {}
+    for checkpointing, trace in zip(variants, traces, strict=True):
+        if isinstance(trace, TraceError):
+            where = f"{Path(trace.file).name}:{trace.line}: " if trace.file and trace.line else ""
+            out[checkpointing] = UsageError(
+                f"tracing the recipe failed: {where}{trace.message}",
+                "fix the script, or set LAUNCH_NO_TRACE=1 to plan on model states only")
+            continue
+        note = "; ".join(trace.notes[:2]) if trace.is_bound else ""
+        out[checkpointing] = Footprint(
+            kind="upper_bound" if trace.is_bound else "traced", precision=precision,
+            optimizer=optimizer, activation_checkpointing=checkpointing,
+            parameters=trace.parameters, memory_at=trace.memory_at,
+            unit_parameters=info.unit_parameters,
+            flops_per_sample=flops, note=note)
+    return out
+
+
+def _hf_traced(spec: Spec, shape: ModelShape, precision: str, optimizer: str,
+               checkpointing: bool, device: str, environ: dict[str, str],
+               state_dir: Path | None, failed: dict[str, str]) -> Footprint:
+    """A ``--model-config`` built by transformers and traced (see estimate/hf_recipe.py).
+
+    The recipe is written under the state dir; the analytic shape keeps the FSDP unit and the
+    FLOPs. Whatever stops the trace (an architecture transformers does not know, a timeout) falls
+    back to the analytic estimate with a note, once for all the configurations planned.
+    """
+    from launcher.estimate.hf_recipe import write_recipe
+    from launcher.estimate.traced import TraceError, TraceTimeout, trace_recipe
+
+    analytic = from_shape(shape, precision=precision, optimizer=optimizer,
+                          checkpointing=checkpointing, kind="config")
+    timeout = float(environ.get("LAUNCH_TRACE_TIMEOUT", DEFAULT_TRACE_TIMEOUT_S))
+    if "note" not in failed:
+        try:
+            folder = (state_dir / "hf_recipes" if state_dir is not None
+                      else Path(tempfile.mkdtemp(prefix="launch-hf-")))
+            recipe = write_recipe(spec.model_config, shape.seq_len, folder)  # type: ignore
+            trace = trace_recipe(
+                recipe, micro_batch_sizes=(1, 2, 4), precision=precision, optimizer=optimizer,
+                activation_checkpointing=checkpointing, grad_accum_steps=2,
+                device=device, timeout_s=timeout,  # type: ignore[arg-type]
+                max_grad_norm=spec.max_grad_norm, lr=spec.lr, weight_decay=spec.weight_decay,
+                seed=spec.seed,
+                **({"scale_depth": False} if environ.get("LAUNCH_TRACE_DEPTH") == "full" else {}))
+        except TraceTimeout:
+            failed["note"] = (f"tracing the config with transformers took longer than "
+                              f"{timeout:.0f} s (LAUNCH_TRACE_TIMEOUT)")
+        except (TraceError, OSError, ValueError) as exc:
+            failed["note"] = ("transformers could not build and trace the config ("
+                              f"{getattr(exc, 'message', exc)})")
+        else:
+            note = "; ".join(trace.notes[:2]) if trace.is_bound else ""
+            return replace(analytic, kind="upper_bound" if trace.is_bound else "traced",
+                           parameters=trace.parameters, memory_at=trace.memory_at, note=note)
+    note = f"{failed['note']}: the estimate is analytic"
+    return replace(analytic, note="; ".join(n for n in (note, analytic.note) if n))
 
 
 def preflight(spec: Spec, info: ScriptInfo, state_dir: Path | None = None,
@@ -102,18 +164,35 @@ def preflight(spec: Spec, info: ScriptInfo, state_dir: Path | None = None,
         targets = cloud_targets(spec.provider, spec)
     device = "cpu" if targets and all(t.cpu for t in targets) else "cuda"
     trace = info.mode == "recipe" and shape is None and environ.get("LAUNCH_NO_TRACE") != "1"
+    # A config transformers can build is traced like a recipe (importlib: no import here).
+    hf_trace = (shape is not None and spec.model_config is not None and shape.seq_len is not None
+                and environ.get("LAUNCH_NO_TRACE") != "1"
+                and importlib.util.find_spec("transformers") is not None)
+    hf_failed: dict[str, str] = {}
+
+    traced: dict[tuple[str, str], dict[bool, Footprint | UsageError]] = {}
+    can_checkpoint = shape is not None or "wrap_modules" in info.hooks
 
     @functools.cache
     def estimator(precision: str, optimizer: str, checkpointing: bool) -> Footprint:
+        if shape is not None and hf_trace:
+            return _hf_traced(spec, shape, precision, optimizer, checkpointing, device, environ,
+                              state_dir, hf_failed)
         if shape is not None:
             return from_shape(shape, precision=precision, optimizer=optimizer,
                               checkpointing=checkpointing, kind=source)
         if trace:
-            return _traced(spec, info, precision, optimizer, checkpointing, device, environ)
+            key = (precision, optimizer)
+            if key not in traced or checkpointing not in traced[key]:
+                variants = (False, True) if can_checkpoint else (checkpointing,)
+                traced[key] = _traced(spec, info, precision, optimizer, variants, device, environ)
+            footprint = traced[key][checkpointing]
+            if isinstance(footprint, UsageError):
+                raise footprint
+            return footprint
         return _counted(info, precision, optimizer, checkpointing)
 
     targets = calibrated(targets, state_dir, model_key(spec.script))
     parameters = shape.parameters if shape is not None else info.parameters
-    can_checkpoint = shape is not None or "wrap_modules" in info.hooks
     return plan(spec, estimator, targets, spec.provider, parameters=parameters, source=source,
                 can_checkpoint=can_checkpoint)

@@ -15,6 +15,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -88,18 +89,36 @@ def classify(path: Path) -> tuple[Literal["recipe", "script"], tuple[str, ...]]:
 
 def inspect_script(
     path: Path, *, python: str = sys.executable, timeout_s: float | None = None,
-    env: dict[str, str] | None = None, local: bool = True,
+    env: dict[str, str] | None = None, local: bool = True, count_flops: bool = True,
+    probe: Callable[..., dict[str, Any] | None] | None = None,
 ) -> ScriptInfo:
     """Classify ``path`` and, for a recipe, load it in a child process for LAUNCH and its size.
 
     ``local``: the job runs here, so the child also reports this machine's GPUs. A plain script
-    planned for a cloud needs no child at all (and no torch import).
+    planned for a cloud needs no child at all (and no torch import). ``count_flops=False`` leaves
+    the training FLOPs to the estimator's trace, which counts them on the model it traces.
+    ``probe(path, count_flops=, timeout_s=)``, if given, loads a recipe in a process that is
+    already running (the estimator's prestarted trace child) and may answer None: then the
+    usual child does it.
     """
     mode, hooks = classify(path)
     if mode == "script" and not local:
         return ScriptInfo(path=path, mode=mode, hooks=hooks)
-    answer = _run_child(["--script", str(path.resolve())] if mode == "recipe" else [],
-                        python=python, timeout_s=timeout_s, env=env, path=path)
+    answer = None
+    if mode == "recipe" and probe is not None:
+        timeout = timeout_s or float((env or os.environ).get("LAUNCH_PROBE_TIMEOUT",
+                                                             DEFAULT_TIMEOUT_S))
+        try:
+            answer = probe(path, count_flops=count_flops, timeout_s=timeout)
+        except TimeoutError:
+            raise _too_slow(path, timeout) from None
+        if answer is not None:
+            _raise_for(answer, path)
+    if answer is None:
+        args = ["--script", str(path.resolve())] if mode == "recipe" else []
+        if mode == "recipe" and not count_flops:
+            args.append("--no-flops")
+        answer = _run_child(args, python=python, timeout_s=timeout_s, env=env, path=path)
     hardware = Hardware(**answer.get("hardware", {}))
     if mode == "script":
         return ScriptInfo(path=path, mode=mode, hooks=hooks, hardware=hardware)
@@ -129,11 +148,7 @@ def _run_child(args: list[str], *, python: str, timeout_s: float | None,
             timeout=timeout, env=child_env, cwd=str(path.resolve().parent), check=False,
         )
     except subprocess.TimeoutExpired:
-        raise UsageError(
-            f"loading {path.name} took longer than {timeout:.0f} s",
-            "make build_model() cheap (no downloads or data loading at import), "
-            "or raise LAUNCH_PROBE_TIMEOUT",
-        ) from None
+        raise _too_slow(path, timeout) from None
     last = proc.stdout.strip().splitlines()[-1:] or [""]
     try:
         answer = json.loads(last[0])
@@ -143,12 +158,25 @@ def _run_child(args: list[str], *, python: str, timeout_s: float | None,
         raise UsageError(f"could not load {path.name}: {detail}",
                          "launch imports the script and runs build_model, example_batch and "
                          "training_step on fake tensors; they must not exit the process") from None
+    _raise_for(answer, path)
+    return answer
+
+
+def _too_slow(path: Path, timeout: float) -> UsageError:
+    return UsageError(
+        f"loading {path.name} took longer than {timeout:.0f} s",
+        "make build_model() cheap (no downloads or data loading at import), "
+        "or raise LAUNCH_PROBE_TIMEOUT",
+    )
+
+
+def _raise_for(answer: dict[str, Any], path: Path) -> None:
+    """The user's error in the probe's answer, as one line with its file and line."""
     if "error" in answer:
         err = answer["error"]
         where = f" ({Path(err['file']).name}:{err['line']})" if err.get("file") else ""
         raise UsageError(f"{err['what']} raised {err['type']}: {err['message']}{where}",
                          "fix the script and rerun")
-    return answer
 
 
 # --- child side: runs with torch imported, in its own process ------------------------------
@@ -180,7 +208,7 @@ def _hardware() -> dict[str, Any]:
     return info
 
 
-def _probe(script: Path) -> dict[str, Any]:
+def _probe(script: Path, count_flops: bool = True) -> dict[str, Any]:
     import importlib.util
 
     import torch
@@ -221,7 +249,7 @@ def _probe(script: Path) -> dict[str, Any]:
         units = [sum(p.numel() for p in m.parameters()) for m in model.modules()
                  if isinstance(m, kinds)]
         answer["unit_parameters"] = max(units) if units else None
-    answer["flops_per_sample"] = _training_flops(module)
+    answer["flops_per_sample"] = _training_flops(module) if count_flops else None
     answer["parameters"] = sum(p.numel() for p in params)
     answer["trainable_parameters"] = sum(p.numel() for p in params if p.requires_grad)
     answer["parameter_bytes"] = sum(p.numel() * p.element_size() for p in params)
@@ -237,15 +265,28 @@ def _training_flops(module: Any) -> float | None:
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.utils.flop_counter import FlopCounterMode
 
-    try:
+    from launcher.estimate._trace_child import SCALED_DEPTHS, truncate_blocks
+
+    def count(depth: int | None) -> tuple[float, dict[str, Any] | None]:
         with FakeTensorMode(allow_non_fake_inputs=True):
             model = module.build_model()
+            cut = truncate_blocks(model, depth) if depth is not None else None
             batch = module.example_batch(1)
             counter = FlopCounterMode(display=False)
             with counter:
                 loss = module.training_step(model, batch)
                 loss.backward()
-        return float(counter.get_total_flops()) or None
+        return float(counter.get_total_flops()), cut
+
+    try:
+        # A deep stack of identical blocks costs the same FLOPs per block: count two depths
+        # and extrapolate (exact), as the memory trace does, instead of running all of them.
+        shallow, deep = SCALED_DEPTHS
+        flops, cut = count(shallow)
+        if cut is not None:
+            more, _ = count(deep)
+            flops += (cut["count"] - shallow) / (deep - shallow) * (more - flops)
+        return flops or None
     except Exception:  # the estimate degrades to "unknown", the launch goes on
         return None
     finally:
@@ -257,8 +298,9 @@ def main(argv: list[str]) -> int:
 
     parser = argparse.ArgumentParser(prog="python -m launcher.recipe")
     parser.add_argument("--script", type=Path)
+    parser.add_argument("--no-flops", action="store_true")
     args = parser.parse_args(argv)
-    answer = _probe(args.script) if args.script else {}
+    answer = _probe(args.script, count_flops=not args.no_flops) if args.script else {}
     if "error" not in answer:
         answer["hardware"] = _hardware()
     sys.stdout.write("\n" + json.dumps(answer) + "\n")

@@ -136,17 +136,90 @@ def apply_checkpointing(model: torch.nn.Module, recipe: ModuleType) -> None:
     )
 
 
+#: A stack needs at least this many identical blocks before tracing a few of them pays off.
+MIN_SCALED_BLOCKS = 8
+#: The depths traced when scaling a stack of identical blocks: two, so that every point is
+#: linear in the depth; both even, so that a pattern alternating every other layer (sliding
+#: window / global attention) is covered by whole periods; both above 1, so that the first and
+#: the last block are distinct blocks at each.
+SCALED_DEPTHS = (2, 4)
+
+
+def _signature(module: torch.nn.Module) -> tuple[Any, ...]:
+    """What makes two blocks interchangeable for memory: their module types, and the names,
+    shapes, dtypes and trainability of their parameters and buffers."""
+    return (
+        tuple(type(m).__qualname__ for m in module.modules()),
+        tuple((n, tuple(t.shape), t.dtype, t.requires_grad) for n, t in module.named_parameters()),
+        tuple((n, tuple(t.shape), t.dtype) for n, t in module.named_buffers()),
+    )
+
+
+def repeated_blocks(model: torch.nn.Module) -> tuple[str, torch.nn.Module, int] | None:
+    """The model's largest stack of identical blocks: a ``ModuleList`` or ``Sequential`` of at
+    least ``MIN_SCALED_BLOCKS`` children of one type and one parameter signature (a transformer's
+    layers). Returns (its path, the container, how many blocks), or None.
+
+    Memory at every moment of a training step grows by the same bytes with every block of such a
+    stack (its weights, gradients, optimizer state, saved activations), so tracing two depths and
+    extrapolating linearly gives the whole model's timeline at a fraction of the tracing time.
+    """
+    best: tuple[str, torch.nn.Module, int, int] | None = None
+    for name, module in model.named_modules():
+        if not isinstance(module, (torch.nn.ModuleList, torch.nn.Sequential)):
+            continue
+        children = list(module.children())
+        if len(children) < MIN_SCALED_BLOCKS or len(children) != len(module):
+            continue  # a module listed twice (shared weights) is not a stack
+        first = children[0]
+        signature = _signature(first)
+        if any(type(c) is not type(first) or _signature(c) != signature for c in children[1:]):
+            continue
+        size = sum(p.numel() for p in module.parameters())
+        if best is None or size > best[3]:
+            best = (name, module, len(children), size)
+    return None if best is None else best[:3]
+
+
+def truncate_blocks(model: torch.nn.Module, depth: int) -> dict[str, Any] | None:
+    """Keep the first ``depth`` blocks of the model's repeated stack; say what was cut."""
+    found = repeated_blocks(model)
+    if found is None:
+        return None
+    name, container, count = found
+    if count <= depth:
+        return None
+    del container[depth:]
+    return {"path": name or "<root>", "count": count, "depth": depth}
+
+
 def build_model(
     recipe: ModuleType, precision: str, activation_checkpointing: bool, device: torch.device,
-    fake: bool = False,
+    fake: bool = False, depth: int | None = None, blocks: dict[str, Any] | None = None,
+    strategy: dict[str, Any] | None = None,
 ) -> torch.nn.Module:
+    """The templates' model: ``build_model()``, dtype and device, activation checkpointing.
+
+    ``depth`` (the estimator's depth scaling) keeps only the first ``depth`` blocks of the
+    model's repeated stack, right after it is built; ``blocks`` receives what was cut.
+    ``strategy`` (DDP, FSDP, hybrid sharding at a world size) wraps the model last, as the
+    templates' ``wrap_model`` does (``_trace_dist``).
+    """
     model = recipe.build_model()
+    if depth is not None:
+        cut = truncate_blocks(model, depth)
+        if blocks is not None and cut is not None:
+            blocks.update(cut)
     if fake:
         _fake_to(model, device, param_dtype(precision))
     else:
         model.to(device=device, dtype=param_dtype(precision))
     if activation_checkpointing:
         apply_checkpointing(model, recipe)
+    if strategy:
+        from launcher.estimate import _trace_dist
+
+        model = _trace_dist.wrap(model, recipe, strategy, precision, device)
     return model
 
 
@@ -351,10 +424,13 @@ def first_optimizer_step(
     them again adds nothing to the peak; only step 1's optimizer phase can differ from step 2's
     (state is allocated while gradients are alive), and for that only the gradients matter.
     """
-    for p in model.parameters():
-        if p.requires_grad:
-            p.grad = torch.zeros_like(p)
-            on_grad(p.grad)
+    from launcher.estimate import _trace_dist  # cheap: imports no torch.distributed
+
+    if not _trace_dist.put_zero_grads(model, on_grad):  # DDP: views into its buckets
+        for p in model.parameters():
+            if p.requires_grad:
+                p.grad = torch.zeros_like(p)
+                on_grad(p.grad)
     on_phase("optimizer")
     if max_grad_norm is not None:
         torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
@@ -603,6 +679,8 @@ def _make_tracker(device_type: str, probe: ScratchProbe | None) -> Any:
             self._hooks: list[Any] = []
             self._fake_on_entry: Any = None
             self._orig_resize = torch.UntypedStorage.resize_
+            self._uncounted = 0  # > 0 while DTensor propagates shardings (see _skip_propagation)
+            self._propagator: Any = None  # (ShardingPropagator, its original method) once patched
 
         # -- accounting ----------------------------------------------------------------------
 
@@ -672,6 +750,12 @@ def _make_tracker(device_type: str, probe: ScratchProbe | None) -> Any:
             self._fake_on_entry = get_mode(fake_key)
 
             def pre(optimizer: Any, args: Any, kwargs: Any) -> None:
+                # FSDP sets its sharded gradients itself (no gradient hook sees them): tag every
+                # gradient the optimizer is about to read as one
+                for group in optimizer.param_groups:
+                    for p in group["params"]:
+                        if p.grad is not None:
+                            self.tag(p.grad, _GRAD)
                 self._in_opt = True
 
             def post(optimizer: Any, args: Any, kwargs: Any) -> None:
@@ -701,7 +785,41 @@ def _make_tracker(device_type: str, probe: ScratchProbe | None) -> Any:
                 hook.remove()
             self._hooks.clear()
             torch.UntypedStorage.resize_ = self._orig_resize  # type: ignore[method-assign]
+            if self._propagator is not None:
+                cls, original = self._propagator
+                cls._propagate_tensor_meta_non_cached = original
+                self._propagator = None
             super().__exit__(*args)
+
+        def _skip_propagation(self) -> None:
+            """Count nothing DTensor's sharding propagation allocates.
+
+            To learn an op's output shape DTensor runs the op on fake tensors of the *global*
+            (unsharded) shapes (``ShardingPropagator._propagate_tensor_meta_non_cached``), under
+            the active fake mode, which here is the trace's: MemTracker's test (another fake
+            mode than the one at entry) cannot tell those ops from real ones, and a foreach op
+            propagates its whole list at once, so a foreach optimizer step under FSDP counted
+            several unsharded copies of the model (docs/estimator.md). Those tensors exist only
+            on the meta device of a real run too; the local op that follows is counted. Patched
+            at the first DTensor op (DTensor is imported by then), undone at exit.
+            """
+            if self._propagator is not None:
+                return
+            from torch.distributed.tensor._sharding_prop import ShardingPropagator
+
+            original = ShardingPropagator._propagate_tensor_meta_non_cached
+            tracker = self
+
+            @functools.wraps(original)
+            def propagate(*args: Any, **kwargs: Any) -> Any:
+                tracker._uncounted += 1
+                try:
+                    return original(*args, **kwargs)
+                finally:
+                    tracker._uncounted -= 1
+
+            ShardingPropagator._propagate_tensor_meta_non_cached = propagate  # type: ignore[method-assign]
+            self._propagator = (ShardingPropagator, original)
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
             if func is _PRIM_DEVICE:
@@ -712,10 +830,11 @@ def _make_tracker(device_type: str, probe: ScratchProbe | None) -> Any:
                     return t.fake_device
                 return func(*args, **(kwargs or {}))
             if any(ty.__name__ == "DTensor" for ty in types):
+                self._skip_propagation()
                 return NotImplemented  # let DTensor desugar into local ops first (as MemTracker)
             res = func(*args, **(kwargs or {}))
-            if get_mode(fake_key) is not self._fake_on_entry:
-                return res  # ops of another fake mode (DTensor propagation) allocate nothing
+            if self._uncounted or get_mode(fake_key) is not self._fake_on_entry:
+                return res  # DTensor's propagation (global shapes) or another fake mode's ops
             category = _OPT if self._in_opt else (_TEMP if graph_task() != -1 else _ACT)
             if isinstance(res, torch.Tensor):
                 self.tag(res, category, retag=False)
@@ -892,6 +1011,7 @@ def _trace(request: dict[str, Any], recipe: ModuleType, mode: str) -> dict[str, 
 
     segments: dict[str, tuple[list, list]] = {}
     facts: dict[str, Any] = {}
+    blocks: dict[str, Any] = {}
     timings: dict[str, float] = {}
     cats: list[str] = tracker.categories
     with contextlib.ExitStack() as stack:
@@ -905,7 +1025,9 @@ def _trace(request: dict[str, Any], recipe: ModuleType, mode: str) -> dict[str, 
         tracker.phase = 0
         seed_all(seed)
         model = build_model(
-            recipe, precision, request["activation_checkpointing"], device, fake=fake is not None
+            recipe, precision, request["activation_checkpointing"], device, fake=fake is not None,
+            depth=request.get("depth"), blocks=blocks,
+            strategy=request.get("strategy") and {**request["strategy"], "accum": traced_accum},
         )
         optimizer = build_optimizer(
             recipe, request.get("optimizer"), model, request.get("lr", 3e-4),
@@ -955,6 +1077,10 @@ def _trace(request: dict[str, Any], recipe: ModuleType, mode: str) -> dict[str, 
             timings[f"{label}_s"] = time.perf_counter() - t0
             timings[f"{label}_cpu_s"] = time.process_time() - c0
         on_phase("build")  # close the last phase's clock
+        if request.get("count_flops") and "step" in parts:
+            t0 = time.perf_counter()
+            facts["flops_per_sample"] = _count_flops(recipe, model, precision, device, seed)
+            timings["flops_s"] = time.perf_counter() - t0
         del model, optimizer, params
     timings.update({f"{k}_cpu_s": v for k, v in phase_cpu.items() if k != "build"})
     result: dict[str, Any] = {
@@ -970,11 +1096,67 @@ def _trace(request: dict[str, Any], recipe: ModuleType, mode: str) -> dict[str, 
             for k, (points, ops) in segments.items()
         },
     }
+    if blocks:
+        result["blocks"] = blocks
     if bound is not None and bound.substituted:
         result["substituted"] = bound.substituted
     if probe is not None:
         result["probes"] = {"probed": probe.probed, "skipped": probe.skipped}
     return result
+
+
+def _count_flops(recipe: ModuleType, model: torch.nn.Module, precision: str,
+                 device: torch.device, seed: int) -> float | None:
+    """Training FLOPs of one sample (forward and backward of a batch of 1), counted by
+    PyTorch's ``FlopCounterMode`` on the model just traced (the recipe probe's count, done here
+    when a trace follows: one process fewer on the preflight's critical path). None when the
+    step cannot be counted; the cost model then says the step time is unknown."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    try:
+        batch = move_to_device(next(synthetic_batches(recipe, 1, seed, 0)), device,
+                               param_dtype(precision))
+        counter = FlopCounterMode(display=False)
+        with counter:
+            with autocast(precision, device):
+                loss = recipe.training_step(model, batch)
+            loss.backward()
+        model.zero_grad(set_to_none=True)
+        return float(counter.get_total_flops()) or None
+    except Exception:  # noqa: BLE001 - an unknown cost, not a failed estimate
+        return None
+
+
+def _scaled_trace(request: dict[str, Any], recipe: ModuleType, mode: str,
+                  notes: list[str]) -> dict[str, Any]:
+    """``_trace``, at two depths of the model's repeated blocks when ``scale_depth`` asks for it.
+
+    The first trace (at ``SCALED_DEPTHS[0]``) finds the stack while building; a model without
+    one is traced whole by that same call, and its answer is the ordinary one. Otherwise the
+    answer holds both traces (``by_depth``) and the parent extrapolates them to the real depth
+    (``launcher.estimate.traced._scale``). If a truncated model cannot run (its forward indexes
+    blocks that are gone), the whole model is traced instead, with a note.
+    """
+    if not request.get("scale_depth"):
+        return _trace(request, recipe, mode)
+    shallow, deep = SCALED_DEPTHS
+    try:
+        first = _trace({**request, "depth": shallow}, recipe, mode)
+        if "blocks" not in first:
+            return first  # nothing to scale: that was the whole model
+        second = _trace({**request, "depth": deep}, recipe, mode)
+    except BaseException as exc:  # noqa: BLE001
+        if _data_dependent(exc):
+            raise  # the caller's fallbacks (real run, bound) apply to the whole model
+        notes.append(f"tracing {shallow} and {deep} blocks of the stack failed "
+                     f"({type(exc).__name__}): traced the whole model")
+        return _trace({**request, "depth": None}, recipe, mode)
+    return {
+        "by_depth": {str(shallow): first, str(deep): second},
+        "blocks": second["blocks"],
+        "categories": second["categories"],
+        **({"substituted": second["substituted"]} if second.get("substituted") else {}),
+    }
 
 
 def _foreach(optimizer: torch.optim.Optimizer, params: list[torch.Tensor]) -> bool | None:
@@ -1054,9 +1236,12 @@ def _configure_device(request: dict[str, Any]) -> list[str]:
 
     devices = optim_module._get_foreach_kernels_supported_devices()
     optim_module._get_foreach_kernels_supported_devices = lambda: [*devices, "cpu"]
+    from launcher.estimate import _autocast_cuda
+
+    _autocast_cuda.install()  # CUDA's autocast op lists, on the CPU's autocast key
     notes.append(
         "traced on the CPU emulating CUDA: storages rounded to 512 bytes, optimizers default to "
-        "foreach as on CUDA; autocast uses the CPU op lists, which differ from CUDA's"
+        "foreach and autocast casts as on CUDA"
     )
     return notes
 
@@ -1084,7 +1269,7 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
         mode = modes.pop(0)
         attempts.append(mode)
         try:
-            result = _trace(request, recipe, mode)
+            result = _scaled_trace(request, recipe, mode, notes)
             result["kind"] = {"fake": "traced", "real": "real_run", "bound": "upper_bound"}[mode]
             break
         except BaseException as exc:  # noqa: BLE001
@@ -1144,7 +1329,8 @@ def measure(request: dict[str, Any]) -> dict[str, Any]:
         with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
             seed_all(seed)
             model = build_model(recipe, request["precision"], request["activation_checkpointing"],
-                                device)
+                                device, strategy=request.get("strategy") and {
+                                    **request["strategy"], "accum": accum})
             optimizer = build_optimizer(
                 recipe, request.get("optimizer"), model, request.get("lr", 3e-4),
                 request.get("weight_decay", 0.0), request.get("foreach"),
@@ -1162,7 +1348,13 @@ def measure(request: dict[str, Any]) -> dict[str, Any]:
     for event in events:
         live += event.alloc_size
         running_peak = max(running_peak, live)
+    extra: dict[str, Any] = {}
+    if request.get("strategy"):  # a rank of a real gloo world: also without gloo's own buffers
+        from launcher.estimate import _trace_dist
+
+        extra["without_backend"] = _trace_dist.peak_without_backend(prof)
     return {
+        **extra,
         "ok": True,
         "peak_allocated": max((e.total_allocated for e in events), default=0),
         "running_sum_peak": running_peak,
@@ -1210,6 +1402,12 @@ def _forked(request: dict[str, Any]) -> dict[str, Any]:
     two interpreters; nothing has run yet, so no thread pool is forked half-alive. The parts are
     independent; the parent (launcher.estimate.traced._join) joins their timelines.
     """
+    # Import the recipe once before forking, so that what it imports (transformers: seconds)
+    # is shared by both processes. Each still executes the recipe file itself (``run``), so no
+    # state of one trace reaches another; an error here is reported by ``run`` in both.
+    with contextlib.suppress(BaseException):
+        seed_all(request.get("seed", 0))
+        load_recipe(request["recipe_file"])
     read_fd, write_fd = os.pipe()
     pid = os.fork()
     if pid == 0:  # the micro-batch part
@@ -1233,12 +1431,47 @@ def _forked(request: dict[str, Any]) -> dict[str, Any]:
     return {"ok": True, "split": [step, json.loads(text)]}
 
 
+def _warm_up() -> None:
+    """Import what the first fake op imports lazily (``torch._refs``, decompositions, the fake
+    tensor machinery: about two seconds) by running a tiny step on fake tensors."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with contextlib.suppress(Exception), FakeTensorMode():
+        model = torch.nn.Sequential(torch.nn.Embedding(8, 4), torch.nn.LayerNorm(4),
+                                    torch.nn.Linear(4, 8))
+        logits = model(torch.zeros(2, 3, dtype=torch.long))
+        torch.nn.functional.cross_entropy(logits.flatten(0, 1), torch.zeros(6, dtype=torch.long)
+                                          ).backward()
+        torch.optim.AdamW(model.parameters()).step()
+
+
 def main() -> None:
     # The protocol owns the real stdout; anything the user's code prints goes to stderr.
     protocol = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
     sys.stdout = sys.stderr
-    request = json.loads(sys.stdin.read())
+    if os.environ.get("LAUNCH_TRACE_WARM") == "1":
+        _warm_up()  # started ahead of its request: use the wait
+    # One JSON request per line, one answer line each, until end of input: a prestarted child
+    # first loads the recipe for the CLI (``probe``), then traces it. A child started ahead
+    # and never asked (the parent is gone, or did not need a trace) just reads the end.
+    for line in sys.stdin:
+        if line.strip():
+            protocol.write(json.dumps(_serve(json.loads(line))) + "\n")
+            protocol.flush()
+
+
+def _serve(request: dict[str, Any]) -> dict[str, Any]:
+    if request.get("action") == "probe":
+        # launcher.recipe's probe, as its own child would run it (in the script's folder)
+        from launcher import recipe as loader
+
+        script = Path(request["script"])
+        os.chdir(script.parent)
+        answer = loader._probe(script, count_flops=request.get("count_flops", True))
+        if "error" not in answer:
+            answer["hardware"] = loader._hardware()
+        return answer
     try:
         if "batch" in request:
             # Several configurations of one recipe in one process: torch is imported once.
@@ -1253,8 +1486,7 @@ def main() -> None:
             "error": {"message": f"{type(exc).__name__}: {exc}", "file": None, "line": None,
                       "kind": "internal", "traceback": traceback.format_exc()},
         }
-    protocol.write(json.dumps(answer))
-    protocol.flush()
+    return answer
 
 
 if __name__ == "__main__":

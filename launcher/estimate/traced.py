@@ -13,13 +13,15 @@ instant. docs/estimator.md has the method, its evidence and its limits.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
-from dataclasses import dataclass, field
+import time
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -84,6 +86,7 @@ class SizePeak:
     segment: str
     ops: int
     in_fit: bool
+    phases: dict[str, dict[str, int]] = field(default_factory=dict)  # each phase's own peak
 
 
 @dataclass(frozen=True)
@@ -126,6 +129,7 @@ class TraceResult:
     wall_s: float | None = None
     host_peak_rss_bytes: int | None = None
     timings: dict[str, float] = field(default_factory=dict)
+    flops_per_sample: float | None = None  # with count_flops: forward + backward of one sample
 
     @property
     def is_bound(self) -> bool:
@@ -149,6 +153,26 @@ class TraceResult:
         line = self._line_at(micro_batch)
         return {k: round(x) for k, x in line.at(micro_batch).items()}
 
+    def phase_breakdowns_at(self, micro_batch: int) -> dict[str, dict[str, float]]:
+        """Each phase's own peak at ``micro_batch`` (bytes per category): traced where the size
+        was, else the phase's fitted lines."""
+        record = self.per_size.get(micro_batch)
+        if record is not None and record.phases:
+            return {ph: {k: float(x) for k, x in v.items()} for ph, v in record.phases.items()}
+        if micro_batch < 1:
+            raise ValueError(f"micro_batch must be >= 1, got {micro_batch}")
+        if len(self.fit_sizes) < 2:
+            raise ValueError(
+                f"traced at micro-batch {self.micro_batch_sizes[0]} only: trace two or more "
+                f"sizes to predict {micro_batch}"
+            )
+        best: dict[str, Line] = {}
+        for ln in self.lines:
+            if ln.phase not in best or ln.total_at(micro_batch) > best[ln.phase].total_at(
+                    micro_batch):
+                best[ln.phase] = ln
+        return {ph: ln.at(micro_batch) for ph, ln in best.items()}
+
     def predicted_at(self, micro_batch: int) -> int:
         """The fitted lines' peak, even at a traced size (to compare with the direct trace)."""
         return round(self._line_at(micro_batch).total_at(micro_batch))
@@ -166,22 +190,97 @@ class TraceResult:
         allocator reserve) are not traced: ``framework_overhead``, ``peak_reserved``, ``total``
         and ``capacity`` stay None for the planner's later stages to fill.
         """
-        v = self.breakdown_at(micro_batch)
-        optimizer = max(0, min(v["OPT"], self.optimizer_state_bytes))
-        return Memory(
-            parameters=v["PARAM"] + v["BUFFER"],
-            gradients=v["GRAD"],
-            optimizer=optimizer,
-            activations=v["ACT"],
-            temporary=v["TEMP"] + v["OTH"] + v.get("SCRATCH", 0) + (v["OPT"] - optimizer),
-            peak_allocated=sum(v.values()),
-        )
+        return _memory(self.breakdown_at(micro_batch), self.optimizer_state_bytes)
 
     @property
     def model_state_bytes(self) -> int:
         return self.parameter_bytes + self.buffer_bytes + self.gradient_bytes + (
             self.optimizer_state_bytes
         )
+
+
+def _memory(v: dict[str, int], optimizer_state_bytes: int) -> Memory:
+    optimizer = max(0, min(v["OPT"], optimizer_state_bytes))
+    return Memory(
+        parameters=v["PARAM"] + v["BUFFER"],
+        gradients=v["GRAD"],
+        optimizer=optimizer,
+        activations=v["ACT"],
+        temporary=v["TEMP"] + v["OTH"] + v.get("SCRATCH", 0) + (v["OPT"] - optimizer),
+        peak_allocated=sum(v.values()),
+    )
+
+
+@dataclass(frozen=True)
+class ScaledTrace(TraceResult):
+    """A trace of two depths of the model's stack of identical blocks, extrapolated to its real
+    depth (``blocks["count"]``).
+
+    Every category's bytes at every phase's peak are linear in the number of blocks (each block
+    adds its weights, gradients, optimizer state and saved activations; the peak of a phase
+    moves by the same bytes per block), so two depths give the line and the real depth is read
+    off it, phase by phase, before the phases' maximum is taken: the phase that peaks at four
+    blocks (often the loss, with a large vocabulary) need not be the one that peaks at 32 (the
+    optimizer step). The facts (parameters, gradient and optimizer bytes) are extrapolated the
+    same way and are exact. ``shallow`` and ``deep`` are the two traces themselves.
+    """
+
+    blocks: dict[str, Any] = field(default_factory=dict)
+    shallow: TraceResult | None = None
+    deep: TraceResult | None = None
+
+    @classmethod
+    def from_traces(cls, shallow: TraceResult, deep: TraceResult, blocks: dict[str, Any],
+                    depths: tuple[int, int], **extra: Any) -> ScaledTrace:
+        k = (blocks["count"] - depths[0]) / (depths[1] - depths[0])
+
+        def scale(name: str) -> int:
+            a, b = getattr(shallow, name), getattr(deep, name)
+            return round(a + k * (b - a))
+
+        base = {f.name: getattr(deep, f.name) for f in fields(TraceResult)}
+        facts: dict[str, Any] = {name: scale(name) for name in (
+            "parameters", "trainable_parameters", "parameter_bytes", "buffer_bytes",
+            "gradient_bytes", "optimizer_state_bytes")}
+        if shallow.flops_per_sample is not None and deep.flops_per_sample is not None:
+            facts["flops_per_sample"] = shallow.flops_per_sample + k * (
+                deep.flops_per_sample - shallow.flops_per_sample)
+        scaled = cls(**{**base, **facts, **extra, "per_size": {}, "lines": (),
+                        "blocks": dict(blocks, traced_depths=list(depths)),
+                        "shallow": shallow, "deep": deep})
+        per_size = {}
+        for b, record in deep.per_size.items():
+            if b not in shallow.per_size:
+                continue
+            phase, v = scaled._peak(b)
+            per_size[b] = replace(record, peak=sum(v.values()), at_peak=v, phase=phase,
+                                  segment=record.segment, phases={})
+        object.__setattr__(scaled, "per_size", per_size)
+        return scaled
+
+    def _peak(self, micro_batch: int) -> tuple[str, dict[str, int]]:
+        assert self.shallow is not None and self.deep is not None
+        d0, d1 = self.blocks["traced_depths"]
+        k = (self.blocks["count"] - d0) / (d1 - d0)
+        a = self.shallow.phase_breakdowns_at(micro_batch)
+        b = self.deep.phase_breakdowns_at(micro_batch)
+        best: tuple[str, dict[str, int]] | None = None
+        for phase in a.keys() & b.keys():
+            v = {c: max(0, round(a[phase][c] + k * (b[phase][c] - a[phase][c])))
+                 for c in b[phase]}
+            if best is None or sum(v.values()) > sum(best[1].values()):
+                best = (phase, v)
+        assert best is not None
+        return best
+
+    def breakdown_at(self, micro_batch: int) -> dict[str, int]:
+        return self._peak(micro_batch)[1]
+
+    def predicted_at(self, micro_batch: int) -> int:
+        return sum(self._peak(micro_batch)[1].values())
+
+    def phase_at(self, micro_batch: int) -> str:
+        return self._peak(micro_batch)[0]
 
 
 def trace_recipe(
@@ -202,6 +301,9 @@ def trace_recipe(
     data_dependent: Literal["auto", "real", "bound"] = "auto",
     real_run_limit_bytes: int | None = None,
     foreach: bool | None = None,
+    scale_depth: bool = True,
+    strategy: dict[str, Any] | None = None,
+    count_flops: bool = False,
     jobs: int = 2,
     python: str | None = None,
 ) -> TraceResult:
@@ -213,7 +315,14 @@ def trace_recipe(
     is emulated on the CPU (see the result's ``notes``). ``verify_sizes`` are traced too but
     kept out of the fit, to check the prediction there. ``data_dependent`` chooses what to do
     with shapes that depend on values: ``auto`` reruns small models on real CPU tensors and
-    bounds large ones.
+    bounds large ones. ``scale_depth`` traces a model with a stack of at least eight identical
+    blocks (a transformer's layers) at two and four blocks and extrapolates to its real depth
+    (a ``ScaledTrace``); it is several times faster on a deep model, exact when every block uses
+    memory alike (docs/estimator.md). ``strategy`` traces one rank of a distributed job at its
+    real world size in one process (a fake process group): ``{"name": "ddp" | "fsdp" |
+    "hybrid_shard", "world_size": N, "replicas": R (hybrid: R replicas of N / R shards),
+    "reshard_after_forward": bool}``; the result is rank 0's memory (docs/estimator.md).
+    ``count_flops`` also counts one sample's training FLOPs (``flops_per_sample``).
 
     Raises ``TraceError`` (with the user's file:line when the error is in their code) or
     ``TraceTimeout``.
@@ -224,28 +333,67 @@ def trace_recipe(
         grad_accum_steps=grad_accum_steps, device=device, max_grad_norm=max_grad_norm, lr=lr,
         weight_decay=weight_decay, seed=seed, verify_sizes=verify_sizes,
         data_dependent=data_dependent, real_run_limit_bytes=real_run_limit_bytes,
-        foreach=foreach,
+        foreach=foreach, scale_depth=scale_depth, strategy=strategy, count_flops=count_flops,
     )
     python = python or sys.executable
+    return _finish(_run_child(_forking(request, jobs), timeout_s, python), request, timeout_s,
+                   python)
+
+
+def _forking(request: dict[str, Any], jobs: int) -> dict[str, Any]:
+    """The request, asking the child to split it over two processes when that pays: the steady
+    step at b0 (with step 1 and the optimizer) in one, the micro-batches of every other size in
+    the other (the child forks once torch is imported). ``_finish`` joins their timelines as
+    one process would have made them."""
     b0 = _b0(request)
     others = [b for b in request["micro_batch_sizes"] + request["verify_sizes"] if b != b0]
     if jobs < 2 or not others:
+        return request
+    return {**request, "b0": b0, "fork_parts": True}
+
+
+def _finish(answer: dict[str, Any], request: dict[str, Any], timeout_s: float,
+            python: str) -> TraceResult:
+    """One configuration's answer as a ``TraceResult``: joined if the child split it, scaled to
+    the model's depth if it traced two depths. Raises the child's error as a ``TraceError``."""
+    if not answer.get("ok") or "split" not in answer:
+        return _result_or_raise(answer, request)
+    step, micro = answer["split"]
+    for part in (step, micro):
+        if not part.get("ok"):
+            return _result_or_raise(part, request)  # raises
+    if step.get("kind") != micro.get("kind") or ("by_depth" in step) != ("by_depth" in micro):
+        # one process fell back (data-dependent shapes, a truncated model that would not run)
+        # and the other did not: start over in one
         return _result_or_raise(_run_child(request, timeout_s, python), request)
-    # Two processes (the child forks once torch is imported): the steady step at b0 (with step 1
-    # and the optimizer), and the micro-batches of every other size. Their timelines are joined
-    # here, as one process would have made them.
-    forked = _run_child({**request, "b0": b0, "fork_parts": True}, timeout_s, python)
-    if not forked.get("ok"):
-        return _result_or_raise(forked, request)  # raises
-    answers = forked["split"]
-    for answer in answers:
-        if not answer.get("ok"):
-            return _result_or_raise(answer, request)  # raises
-    step, micro = answers
-    if step.get("kind") != micro.get("kind"):
-        # one process fell back (data-dependent shapes) and the other did not: start over in one
-        return _result_or_raise(_run_child(request, timeout_s, python), request)
-    return _result(_join(step, micro), request)
+    if "by_depth" not in step:
+        return _result(_join(step, micro), request)
+    steps, micros = _per_depth(step), _per_depth(micro)
+    return _scale({d: _result(_join(steps[d], micros[d]), request) for d in steps},
+                  {"wall_s": max(step["wall_s"], micro["wall_s"]),
+                   "host_peak_rss_bytes": step["host_peak_rss_bytes"]
+                   + micro["host_peak_rss_bytes"]}, step["blocks"])
+
+
+def _per_depth(answer: dict[str, Any]) -> dict[int, dict[str, Any]]:
+    """The answer of each traced depth, with the process's own facts (wall time, notes...)."""
+    top = {k: v for k, v in answer.items() if k not in ("by_depth", "blocks")}
+    return {int(d): {**top, **sub} for d, sub in answer["by_depth"].items()}
+
+
+def _scale(results: dict[int, TraceResult], answer: dict[str, Any],
+           blocks: dict[str, Any]) -> ScaledTrace:
+    d0, d1 = sorted(results)
+    note = (f"traced {d0} and {d1} of the {blocks['count']} identical blocks of "
+            f"{blocks['path']} and extrapolated to {blocks['count']} (exact when the blocks "
+            "use memory alike; LAUNCH_TRACE_DEPTH=full traces them all)")
+    deep = results[d1]
+    return ScaledTrace.from_traces(
+        results[d0], deep, blocks, (d0, d1),
+        notes=(note, *deep.notes), wall_s=answer.get("wall_s"),
+        host_peak_rss_bytes=answer.get("host_peak_rss_bytes"),
+        timings={**{f"depth{d0}_{k}": v for k, v in results[d0].timings.items()},
+                 **{f"depth{d1}_{k}": v for k, v in deep.timings.items()}})
 
 
 def _b0(request: dict[str, Any]) -> int:
@@ -301,6 +449,7 @@ def trace_recipe_configs(
     *,
     timeout_s: float = DEFAULT_TIMEOUT_S,
     python: str | None = None,
+    jobs: int = 2,
     **common: Any,
 ) -> list[TraceResult | TraceError]:
     """Trace several configurations of one recipe in one child process (torch imported once).
@@ -313,13 +462,16 @@ def trace_recipe_configs(
     requests = [_request(recipe_file, **{**common, **config}) for config in configs]
     if len({r["device"] for r in requests}) > 1:
         raise ValueError("one batch traces one device; split cuda and cpu configurations")
-    answer = _run_child({"batch": requests}, timeout_s, python or sys.executable)
+    python = python or sys.executable
+    answer = _run_child({"batch": [_forking(r, jobs) for r in requests]}, timeout_s, python)
     if not answer.get("ok"):
         return [_result_or_raise(answer, requests[0])]  # raises
     results: list[TraceResult | TraceError] = []
     for item, request in zip(answer["batch"], requests, strict=True):
         try:
-            results.append(_result_or_raise(item, request))
+            results.append(_finish(item, request, timeout_s, python))
+        except TraceTimeout:
+            raise
         except TraceError as exc:
             results.append(exc)
     return results
@@ -342,6 +494,9 @@ def _request(
     data_dependent: str = "auto",
     real_run_limit_bytes: int | None = None,
     foreach: bool | None = None,
+    scale_depth: bool = True,
+    strategy: dict[str, Any] | None = None,
+    count_flops: bool = False,
 ) -> dict[str, Any]:
     """Validate the arguments (here, not in the child: a usage error costs no process)."""
     sizes = tuple(sorted({int(b) for b in micro_batch_sizes}))
@@ -373,10 +528,37 @@ def _request(
         "seed": seed,
         "data_dependent": data_dependent,
         "foreach": foreach,
+        "scale_depth": bool(scale_depth),
+        "count_flops": bool(count_flops),
     }
     if real_run_limit_bytes is not None:
         request["real_run_limit_bytes"] = int(real_run_limit_bytes)
+    if strategy is not None:
+        request["strategy"] = _strategy(strategy)
     return request
+
+
+def _strategy(strategy: dict[str, Any]) -> dict[str, Any]:
+    """A distributed strategy to trace (``_trace_dist.wrap`` applies it), checked here."""
+    names = ("ddp", "fsdp", "hybrid_shard")
+    unknown = set(strategy) - {"name", "world_size", "replicas", "reshard_after_forward"}
+    if unknown:
+        raise ValueError(f"unknown strategy keys: {', '.join(sorted(unknown))}")
+    name, world = strategy.get("name"), strategy.get("world_size")
+    if name not in names:
+        raise ValueError(f"strategy name must be ddp, fsdp or hybrid_shard, got {name!r}")
+    if not isinstance(world, int) or isinstance(world, bool) or world < 1:
+        raise ValueError(f"strategy world_size must be a positive integer, got {world!r}")
+    replicas = strategy.get("replicas", 1)
+    if name != "hybrid_shard" and replicas != 1:
+        raise ValueError(f"replicas is for hybrid_shard only, got {replicas!r} for {name}")
+    if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 1 or (
+        world % replicas
+    ):
+        raise ValueError(f"replicas ({replicas!r}) must be a positive divisor of world_size "
+                         f"({world})")
+    return {"name": name, "world_size": world, "replicas": replicas,
+            "reshard_after_forward": bool(strategy.get("reshard_after_forward", True))}
 
 
 def _result_or_raise(answer: dict[str, Any], request: dict[str, Any]) -> TraceResult:
@@ -387,6 +569,9 @@ def _result_or_raise(answer: dict[str, Any], request: dict[str, Any]) -> TraceRe
             file=error.get("file"), line=error.get("line"), kind=error.get("kind", "user_code"),
             detail=error.get("traceback", ""),
         )
+    if "by_depth" in answer:
+        return _scale({d: _result(a, request) for d, a in _per_depth(answer).items()}, answer,
+                      answer["blocks"])
     return _result(answer, request)
 
 
@@ -446,19 +631,107 @@ def measure_recipe(
     )
 
 
-def _run_child(request: dict[str, Any], timeout_s: float, python: str) -> dict[str, Any]:
+#: Trace children started ahead of their request (``prestart``), by interpreter.
+_WARM: dict[str, subprocess.Popen[str]] = {}
+
+
+def prestart(python: str | None = None) -> None:
+    """Start a trace child now, to be used by the next trace with the same interpreter.
+
+    Importing torch and the fake-tensor machinery costs a child seconds before it can trace;
+    started while the caller does something else (the CLI loads the recipe in its own child
+    first), that time is hidden. The child waits for its request on stdin; one never used is
+    killed at exit, and one whose parent dies reads end-of-file and exits.
+    """
+    python = python or sys.executable
+    proc = _WARM.get(python)
+    if proc is not None and proc.poll() is None:
+        return
+    if not _WARM:
+        atexit.register(_reap)
+    _WARM[python] = _spawn(python, warm=True)
+
+
+def _reap() -> None:
+    for proc in _WARM.values():
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(Exception):
+            proc.communicate(timeout=5)
+    _WARM.clear()
+
+
+def _spawn(python: str, warm: bool = False) -> subprocess.Popen[str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
         [str(_REPO_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
     )
     env.setdefault("PYTHONUNBUFFERED", "1")
-    proc = subprocess.Popen(
+    if warm:
+        env["LAUNCH_TRACE_WARM"] = "1"  # warm up the lazily imported fake-tensor modules too
+    return subprocess.Popen(
         [python, "-m", "launcher.estimate._trace_child"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         env=env, text=True, start_new_session=True,  # its own group: a timeout kills it all
     )
+
+
+def probe(script: str | os.PathLike[str], *, count_flops: bool, timeout_s: float,
+          python: str | None = None) -> dict[str, Any] | None:
+    """Load a recipe in the prestarted trace child (``launcher.recipe``'s probe: LAUNCH, the
+    model's size on the meta device, the machine's GPUs) and keep the child for the trace.
+
+    One process instead of two: the probe no longer pays its own torch import, and the trace
+    that follows starts in a process that has already imported the recipe. Returns the probe's
+    answer, or None when no child was prestarted (or it died): the caller probes the usual
+    way. Raises ``TimeoutError`` (the child is killed) when loading takes longer than
+    ``timeout_s``.
+    """
+    import selectors
+
+    python = python or sys.executable
+    proc = _WARM.get(python)
+    if proc is None or proc.poll() is not None or proc.stdin is None or proc.stdout is None:
+        return None
+    request = {"action": "probe", "script": str(Path(script).resolve()),
+               "count_flops": count_flops}
     try:
-        stdout, stderr = proc.communicate(json.dumps(request), timeout=timeout_s)
+        proc.stdin.write(json.dumps(request) + "\n")
+        proc.stdin.flush()
+    except OSError:
+        _WARM.pop(python, None)
+        return None
+    out, deadline = b"", time.monotonic() + timeout_s
+    with selectors.DefaultSelector() as selector:
+        selector.register(proc.stdout.fileno(), selectors.EVENT_READ, "out")
+        if proc.stderr is not None:  # drained too: a chatty recipe must not block on a full pipe
+            selector.register(proc.stderr.fileno(), selectors.EVENT_READ, "err")
+        while b"\n" not in out:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                _WARM.pop(python, None)
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                raise TimeoutError(f"loading {Path(script).name} took longer than {timeout_s:g} s")
+            events = selector.select(timeout=min(left, 1.0))
+            for key, _ in events:
+                chunk = os.read(key.fd, 65536)
+                if key.data == "out":
+                    if not chunk:
+                        _WARM.pop(python, None)  # the child died: probe the usual way
+                        return None
+                    out += chunk
+                elif not chunk:
+                    selector.unregister(key.fd)
+    return json.loads(out.decode())
+
+
+def _run_child(request: dict[str, Any], timeout_s: float, python: str) -> dict[str, Any]:
+    proc = _WARM.pop(python, None)
+    if proc is None or proc.poll() is not None:
+        proc = _spawn(python)
+    try:
+        stdout, stderr = proc.communicate(json.dumps(request) + "\n", timeout=timeout_s)
     except subprocess.TimeoutExpired:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
@@ -504,6 +777,9 @@ def _result(answer: dict[str, Any], request: dict[str, Any]) -> TraceResult:
             at_peak=dict(zip(cats, (round(x) for x in info["at_peak"]), strict=True)),
             phase=_PHASES.get(info["phase"], str(info["phase"])), segment=info["segment"],
             ops=int(info["ops"]), in_fit=bool(info["fit"]),
+            phases={_PHASES.get(int(ph), str(ph)): dict(zip(cats, (round(x) for x in v),
+                                                            strict=True))
+                    for ph, v in info.get("phases", {}).items()},
         )
     facts = answer["facts"]
     return TraceResult(
@@ -537,6 +813,7 @@ def _result(answer: dict[str, Any], request: dict[str, Any]) -> TraceResult:
         wall_s=answer.get("wall_s"),
         host_peak_rss_bytes=answer.get("host_peak_rss_bytes"),
         timings=dict(answer.get("timings", {})),
+        flops_per_sample=facts.get("flops_per_sample"),
     )
 
 
@@ -580,7 +857,8 @@ def _fit(
             const_lines.append((np.array(timeline[i][1], dtype=np.float64), timeline[i][0], label))
 
     # --- exact values at every traced size (no fit) --------------------------------------
-    def direct(b: int) -> tuple[np.ndarray, int, str]:
+    def direct(b: int) -> tuple[tuple[np.ndarray, int, str], dict[int, list[float]]]:
+        """The peak at a traced size, and the peak of each phase (for depth scaling)."""
         candidates: list[tuple[np.ndarray, int, str]] = [
             (np.array(v, dtype=np.float64), p, "step") for p, v in fb[b]
         ]
@@ -589,14 +867,18 @@ def _fit(
         candidates += [(v + shift, 3, "step") for v in opt_points]
         candidates += const_lines
         best = max(candidates, key=lambda c: c[0].sum())
-        return best
+        by_phase: dict[int, tuple[np.ndarray, int, str]] = {}
+        for c in candidates:
+            if c[1] not in by_phase or c[0].sum() > by_phase[c[1]][0].sum():
+                by_phase[c[1]] = c
+        return best, {ph: [float(x) for x in c[0]] for ph, c in by_phase.items()}
 
     per_size = {}
     for b in sizes + verify:
-        v, phase, seg = direct(b)
+        (v, phase, seg), phases = direct(b)
         per_size[str(b)] = {"peak": float(v.sum()), "at_peak": [float(x) for x in v],
                             "phase": phase, "segment": seg, "ops": len(fb[b]),
-                            "fit": False}
+                            "fit": False, "phases": phases}
 
     # --- the fit -------------------------------------------------------------------------
     groups: list[list[int]] = []
@@ -660,7 +942,16 @@ def _fit(
         all_seg.append(label)
     c_arr = np.array(all_c)
     s_arr = np.array(all_s)
-    keep = _upper_envelope(c_arr.sum(axis=1), s_arr.sum(axis=1), start=1.0)
+    # Each phase's own upper envelope (their union holds the overall one): scaling a trace to
+    # the model's real depth extrapolates every phase's peak, and the phase that is the peak at
+    # two blocks need not be the one at thirty-two.
+    phase_of = np.array(all_phase)
+    keep = sorted(
+        int(np.flatnonzero(phase_of == ph)[i])
+        for ph in sorted(set(all_phase))
+        for i in _upper_envelope(c_arr[phase_of == ph].sum(axis=1),
+                                 s_arr[phase_of == ph].sum(axis=1), start=1.0)
+    )
     lines = [{
         "intercept": [float(x) for x in c_arr[t]],
         "slope": [float(x) for x in s_arr[t]],

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from launcher.estimate.traced import (
+    ScaledTrace,
     TraceError,
     TraceResult,
     TraceTimeout,
@@ -175,6 +176,12 @@ def training_step(model, batch):
     return model(batch).sum()
 '''
 
+# Eight identical blocks: the estimator traces two and four of them and extrapolates.
+DEEP_GPT = GPT.replace("V, D, H, L, S = 256, 64, 4, 2, 32", "V, D, H, L, S = 256, 64, 4, 8, 32")
+# The same, with a forward that indexes all eight blocks: it cannot run on fewer.
+INDEXED_GPT = DEEP_GPT.replace("for block in self.blocks:\n            x = block(x)",
+                               "for i in range(L):\n            x = self.blocks[i](x)")
+
 STATE_CONFIGS: list[dict[str, Any]] = [
     {"precision": "fp32", "optimizer": "adamw"},
     {"precision": "bf16_mixed", "optimizer": "adamw"},
@@ -226,6 +233,13 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runs]:
     r.submit("moe_real", measure_recipe, moe, micro_batch=2)
     r.submit("cuda", trace_recipe, states, device="cuda", micro_batch_sizes=(2, 4),
              optimizer="adamw")
+    deep = r.recipe("deep", DEEP_GPT)
+    r.submit("deep", trace_recipe, deep, device="cpu", micro_batch_sizes=(1, 2, 4))
+    r.submit("deep_full", trace_recipe, deep, device="cpu", micro_batch_sizes=(1, 2, 4),
+             scale_depth=False)
+    r.submit("deep_real", measure_recipe, deep, micro_batch=4)
+    r.submit("indexed", trace_recipe, r.recipe("indexed", INDEXED_GPT), device="cpu",
+             micro_batch_sizes=(1, 2))
     r.submit("syntax", _error, r.recipe("syntax", SYNTAX))
     r.submit("hook", _error, r.recipe("hook", HOOK))
     r.submit("timeout", _error, r.recipe("slow", SLOW), timeout_s=5)
@@ -266,6 +280,30 @@ def test_fit_predicts_an_untraced_size(runs: Runs) -> None:
     m8, m16 = trace.memory_at(8), trace.memory_at(16)
     assert m16.peak_allocated > m8.peak_allocated
     assert m16.parameters == m8.parameters
+
+
+def test_depth_scaling_matches_the_whole_trace_and_a_real_step(runs: Runs) -> None:
+    """Two and four of eight identical blocks, extrapolated: the same bytes, every category and
+    every size, as tracing all eight; and within 1% of a real CPU step."""
+    scaled, whole = runs.get("deep"), runs.get("deep_full")
+    assert isinstance(scaled, ScaledTrace) and not isinstance(whole, ScaledTrace)
+    assert scaled.blocks["count"] == 8 and scaled.blocks["traced_depths"] == [2, 4]
+    assert scaled.blocks["path"] == "blocks"
+    assert scaled.parameters == whole.parameters
+    assert scaled.optimizer_state_bytes == whole.optimizer_state_bytes
+    for b in (1, 2, 4, 8, 32):
+        assert scaled.memory_at(b) == whole.memory_at(b), b
+    assert _within(scaled.peak_at(4), runs.get("deep_real").peak_allocated)
+    assert any("extrapolated to 8" in note for note in scaled.notes)
+
+
+def test_depth_scaling_falls_back_to_the_whole_model(runs: Runs) -> None:
+    """A forward that indexes blocks by number fails on a truncated stack: the whole model is
+    traced instead, and the note says so."""
+    trace = runs.get("indexed")
+    assert not isinstance(trace, ScaledTrace)
+    assert any("traced the whole model" in note for note in trace.notes)
+    assert trace.parameters == runs.get("deep_full").parameters
 
 
 def test_kernel_scratch_is_counted(runs: Runs) -> None:

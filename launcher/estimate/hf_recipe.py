@@ -1,0 +1,263 @@
+"""A Hugging Face ``config.json`` as a launch recipe, so that it is traced instead of estimated.
+
+``launch plan train.py --model-config config.json`` describes a plain script that launch cannot
+import by the model's config. Where ``transformers`` is installed, ``write_recipe`` turns that
+config into a recipe (``build_model``, ``example_batch``, ``training_step``, ``wrap_modules``)
+that builds the architecture with transformers itself; the traced estimator
+(``launcher.estimate.traced``) then runs its training step on fake tensors like any recipe's.
+
+The recipe's source is one fixed text (``RECIPE_SOURCE``): the config and the sequence length
+reach it as data, in ``recipe.json`` next to it, never spliced into code. What it builds:
+
+- the config: transformers' config class for ``model_type``, ``from_dict`` of the file (its
+  ``auto_map`` dropped: no remote code is ever run), with ``use_cache=False`` (training keeps no
+  KV cache);
+- the model: the class named first in ``architectures`` when transformers has it and it is a
+  causal or masked language-model head (``LlamaForCausalLM``, ``BertForMaskedLM``); otherwise the
+  head ``AutoModelForMaskedLM`` maps the config to (encoders: BERT, RoBERTa), else the one
+  ``AutoModelForCausalLM`` does (decoder LLMs). fp32 weights whatever the config's ``dtype``
+  (the precision is the launch's to apply), in training mode;
+- attention: ``sdpa``, what a GPU run of transformers uses by default (eager only for a model
+  that does not support it, as transformers itself falls back);
+- ``example_batch(b)``: ``input_ids`` and ``labels`` of ``[b, seq_len]`` random token ids;
+  ``training_step``: ``model(**batch).loss``;
+- ``wrap_modules()``: the block classes named by the model's ``_no_split_modules`` that repeat
+  in a ``ModuleList`` (the decoder or encoder layers), found in the built model.
+
+Two transformers paths that differ on fake tensors are set to what a real run takes (the packed-
+sequence test, and grouped_mm for mixture-of-experts layers; see ``_as_on_real_tensors`` in the
+recipe and docs/estimator.md, "Hugging Face configs").
+
+A model_type or architecture transformers does not know raises ``UnknownArchitecture`` in the
+recipe, which the trace reports as a ``TraceError``; the caller falls back to the analytic
+estimate. This module imports neither torch nor transformers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+RECIPE_NAME = "recipe.py"
+SIDECAR_NAME = "recipe.json"
+#: The attention implementation the recipe asks transformers for (see the module docstring).
+ATTN_IMPLEMENTATION = "sdpa"
+
+RECIPE_SOURCE = '''\
+"""A launch recipe for a Hugging Face architecture, written by launcher.estimate.hf_recipe.
+
+This text is the same for every model: the config and the sequence length are data, read from
+recipe.json next to this file.
+"""
+
+import functools
+import json
+import weakref
+from pathlib import Path
+
+import torch
+
+_SETTINGS = json.loads(Path(__file__).with_name("recipe.json").read_text(encoding="utf-8"))
+SEQ_LEN = int(_SETTINGS["seq_len"])
+ATTN_IMPLEMENTATION = "sdpa"
+_built = []  # a weak reference to the last model build_model() made, for wrap_modules()
+
+
+class UnknownArchitecture(LookupError):
+    """transformers has no class for this config."""
+
+
+def _names(value):
+    return [value] if isinstance(value, str) else list(value or ())
+
+
+@functools.cache
+def _config():
+    import transformers
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    data = dict(_SETTINGS["config"])
+    data.pop("auto_map", None)  # remote code is never run
+    for key in ("torch_dtype", "dtype"):  # fp32 weights: the precision is launch's to apply
+        data.pop(key, None)
+    kind = data.get("model_type")
+    if kind not in CONFIG_MAPPING:
+        raise UnknownArchitecture(
+            f"transformers {transformers.__version__} does not know model_type {kind!r}")
+    config = CONFIG_MAPPING[kind].from_dict(data)
+    config.use_cache = False
+    return config
+
+
+@functools.cache
+def _model_class():
+    import transformers
+    from transformers.models.auto import modeling_auto
+
+    config = _config()
+    kind = config.model_type
+    heads = {
+        name
+        for mapping in (modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+                        modeling_auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES)
+        for names in mapping.values() for name in _names(names)
+    }
+    architectures = _names(_SETTINGS["config"].get("architectures"))
+    if architectures:
+        name = architectures[0]
+        if not hasattr(transformers, name):
+            raise UnknownArchitecture(
+                f"transformers {transformers.__version__} has no class {name} "
+                "(the config's architectures)")
+        if name in heads:
+            return getattr(transformers, name)
+    # No architectures, or a class without a language-model loss (BertModel): the LM head.
+    masked = _names(modeling_auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES.get(kind))
+    causal = _names(modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(kind))
+    if masked and not getattr(config, "is_decoder", False):
+        return getattr(transformers, masked[0])
+    if causal:
+        return getattr(transformers, causal[0])
+    raise UnknownArchitecture(
+        f"transformers {transformers.__version__} has no causal or masked language-model head "
+        f"for model_type {kind!r}")
+
+
+def _unpacked(position_ids):
+    return None
+
+
+@functools.cache
+def _as_on_real_tensors():
+    """Two places where transformers, given fake tensors, would not run what it runs on real ones.
+
+    1. It checks whether the positions pack several sequences in one row, a data-dependent test
+       it skips on fake tensors, assuming packing: it then builds a [b, 1, s, s] mask, and with a
+       mask SDPA copies GQA's keys and values for every head. The batches here are never packed,
+       so the answer is known: no packing, as a run on real tensors finds.
+    2. Mixture-of-experts layers call torch's grouped_mm, whose meta kernel (what fake tensors
+       run) accepts only bf16 where the real kernels take fp32 too. For fake fp32 weights the
+       layers take transformers' own grouped-matmul op instead (what it does under
+       torch.compile for the same reason): the same output and saved tensors, and a fake kernel.
+    """
+    from torch._subclasses.fake_tensor import FakeTensor
+    from transformers import masking_utils
+
+    if hasattr(masking_utils, "find_packed_sequence_indices"):
+        masking_utils.find_packed_sequence_indices = _unpacked
+    try:
+        from transformers.integrations import moe
+    except ImportError:
+        return
+    real = getattr(moe, "_can_use_grouped_mm", None)
+    if real is None:
+        return
+
+    def can_use_grouped_mm(input, weight, offs):
+        if isinstance(weight, FakeTensor) and weight.dtype != torch.bfloat16:
+            return False
+        return real(input, weight, offs)
+
+    moe._can_use_grouped_mm = can_use_grouped_mm
+
+
+def build_model():
+    _as_on_real_tensors()
+    cls = _model_class()
+    try:
+        model = cls._from_config(_config(), attn_implementation=ATTN_IMPLEMENTATION)
+    except ValueError as exc:
+        if not any(w in str(exc) for w in ("scaled_dot_product_attention", "sdpa", "SDPA")):
+            raise
+        # The model does not support SDPA: transformers (and so a GPU run) uses eager.
+        model = cls._from_config(_config(), attn_implementation="eager")
+    model.train()
+    _built[:] = [weakref.ref(model)]
+    return model
+
+
+def _vocab_size():
+    config = _config()
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return int(text.vocab_size)
+
+
+def example_batch(batch_size):
+    input_ids = torch.randint(0, _vocab_size(), (batch_size, SEQ_LEN), dtype=torch.long)
+    return {"input_ids": input_ids, "labels": input_ids.clone()}
+
+
+def training_step(model, batch):
+    return model(**batch).loss
+
+
+def wrap_modules():
+    model = _built[0]() if _built else None
+    if model is None:
+        with torch.device("meta"):
+            model = build_model()
+    named = set(_names(getattr(model, "_no_split_modules", None)))
+    repeated = {}
+    for module in model.modules():
+        if isinstance(module, torch.nn.ModuleList):
+            for block in module:
+                repeated.setdefault(type(block), 0)
+                repeated[type(block)] += sum(p.numel() for p in block.parameters())
+    blocks = [t for t in repeated if t.__name__ in named]
+    if not blocks:
+        found = {type(m) for m in model.modules() if type(m).__name__ in named}
+        blocks = sorted(found, key=lambda t: t.__name__)
+    if not blocks and repeated:
+        blocks = [max(repeated, key=repeated.get)]
+    return tuple(blocks)
+'''
+
+
+def transformers_available() -> bool:
+    """Whether ``transformers`` can be imported, without importing it (or torch)."""
+    return importlib.util.find_spec("transformers") is not None
+
+
+def write_recipe(config_path: str | os.PathLike[str], seq_len: int,
+                 directory: str | os.PathLike[str]) -> Path:
+    """Write the recipe for ``config_path`` at ``seq_len`` tokens; return the recipe's path.
+
+    Files go to ``directory/<hash>/`` (``recipe.py`` and ``recipe.json``), the hash of both
+    texts: the same config and length reuse one folder, and an older launch's recipe is never
+    taken for this one's. Raises ``OSError``/``ValueError`` for an unreadable config.
+    """
+    config = json.loads(Path(config_path).read_text(encoding="utf-8"))
+    if not isinstance(config, dict):
+        raise ValueError(f"{config_path}: not a Hugging Face config (expected a JSON object)")
+    if int(seq_len) < 1:
+        raise ValueError(f"seq_len must be >= 1, got {seq_len}")
+    settings: dict[str, Any] = {"config": config, "seq_len": int(seq_len)}
+    sidecar = json.dumps(settings, indent=1, sort_keys=True) + "\n"
+    digest = hashlib.sha256(f"{RECIPE_SOURCE}\0{sidecar}".encode()).hexdigest()[:16]
+    folder = Path(directory) / digest
+    folder.mkdir(parents=True, exist_ok=True)
+    _write(folder / SIDECAR_NAME, sidecar)
+    _write(folder / RECIPE_NAME, RECIPE_SOURCE)
+    return folder / RECIPE_NAME
+
+
+def _write(path: Path, text: str) -> None:
+    """Write ``text`` unless it is there already; atomically (two launches may share a folder)."""
+    try:
+        if path.read_text(encoding="utf-8") == text:
+            return
+    except (FileNotFoundError, UnicodeDecodeError):
+        pass
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -1,0 +1,221 @@
+"""A Hugging Face config.json planned through transformers: built on fake tensors and traced.
+
+``launch plan train.py --model-config config.json`` with transformers installed writes a recipe
+for the config (launcher/estimate/hf_recipe.py) and traces it instead of using the analytic
+formulas. Checked here on a tiny Llama and a tiny BERT: the traced parameter count is
+transformers' own, and the traced peak is within 1% of a real CPU step of the same recipe
+(``measure_recipe``: the CPU allocator's own record). Each trace and measurement is a child
+process importing torch and transformers: a few seconds each.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from launcher.estimate import analytic
+from launcher.estimate.footprint import Footprint
+from launcher.estimate.hf_recipe import RECIPE_SOURCE, SIDECAR_NAME, write_recipe
+from launcher.recipe import Hardware, ScriptInfo
+from launcher.spec import Spec
+
+SEQ_LEN = 32
+MICRO = 4
+
+TINY_LLAMA = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+    "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "vocab_size": 256, "max_position_embeddings": 128,
+    "rms_norm_eps": 1e-5, "tie_word_embeddings": False,
+    # A checkpoint's dtype: the recipe builds fp32 weights anyway (the precision is launch's).
+    "torch_dtype": "bfloat16",
+}
+TINY_BERT = {
+    "architectures": ["BertForMaskedLM"], "model_type": "bert", "hidden_size": 64,
+    "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+    "vocab_size": 256, "max_position_embeddings": 64, "type_vocab_size": 2,
+    "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1,
+}
+
+
+UNKNOWN = "llama_from_the_future"  # a model_type a newer transformers may know
+
+
+def _write(folder: Path, config: dict) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "config.json"
+    path.write_text(json.dumps(config))
+    return path
+
+
+def _spec_info(folder: Path, config: dict) -> tuple[Spec, ScriptInfo]:
+    """A plain script described by ``config``, planned on this machine's CPU."""
+    folder.mkdir(parents=True, exist_ok=True)
+    script = folder / "train.py"
+    script.write_text("print('training')\n")
+    spec = Spec(script=script, mode="script", model_config=_write(folder, config),
+                seq_len=SEQ_LEN, micro_batch_size=MICRO, global_batch_size=2 * MICRO,
+                precision="fp32", optimizer="adamw")
+    info = ScriptInfo(path=script, mode="script",
+                      hardware=Hardware(cpus=2, host_memory_bytes=64 << 30))
+    return spec, info
+
+
+class Runs:
+    """Every child process of these tests, started at once (each imports torch and
+    transformers: seconds of CPU that overlap)."""
+
+    def __init__(self, directory: Path) -> None:
+        self.dir = directory
+        self.pool = ThreadPoolExecutor(3)
+        self.futures: dict[str, Future] = {}
+        self.footprints: dict[Path, list[Footprint]] = {}
+        self.lock = threading.Lock()
+
+    def plan(self, name: str, config: dict) -> None:
+        from launcher.preflight import preflight
+
+        spec, info = _spec_info(self.dir / name, config)
+        self.futures[name] = self.pool.submit(
+            preflight, spec, info, self.dir / name / "state", {"LAUNCH_NO_TRACE": "0"})
+
+    def measure(self, name: str) -> None:
+        """A real CPU step of the recipe ``plan(name)`` has its preflight write (the same
+        folder: it is named by the hash of the config, written by ``plan``)."""
+        from launcher.estimate.traced import measure_recipe
+
+        recipe = write_recipe(self.dir / name / "config.json", SEQ_LEN,
+                              self.dir / name / "state" / "hf_recipes")
+        self.futures[f"{name}_real"] = self.pool.submit(
+            measure_recipe, recipe, micro_batch=MICRO, precision="fp32", optimizer="adamw",
+            grad_accum_steps=2, timeout_s=300)
+
+    def get(self, key: str):
+        return self.futures[key].result()
+
+    def made(self, name: str) -> list[Footprint]:
+        self.get(name)
+        return self.footprints[self.dir / name / "config.json"]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runs]:
+    pytest.importorskip("transformers")
+    import launcher.preflight as preflight_module
+
+    r = Runs(tmp_path_factory.mktemp("hf"))
+    real = preflight_module._hf_traced
+
+    def spy(spec, *args, **kwargs):  # keeps the footprints preflight's estimator made
+        footprint = real(spec, *args, **kwargs)
+        with r.lock:
+            r.footprints.setdefault(spec.model_config, []).append(footprint)
+        return footprint
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(preflight_module, "_hf_traced", spy)
+        # The analytic formulas size UNKNOWN like a Llama; transformers does not know it.
+        patch.setattr(analytic, "LLAMA_LIKE", (*analytic.LLAMA_LIKE, UNKNOWN))
+        patch.setattr(analytic, "SUPPORTED", (*analytic.SUPPORTED, UNKNOWN))
+        r.plan("llama", TINY_LLAMA)
+        r.measure("llama")
+        r.plan("bert", TINY_BERT)
+        r.measure("bert")
+        unknown = {k: v for k, v in TINY_LLAMA.items() if k != "architectures"}
+        r.plan("unknown", {**unknown, "model_type": UNKNOWN})
+        yield r
+        r.pool.shutdown(wait=True)
+
+
+def test_the_recipe_is_fixed_text_and_the_config_is_data(tmp_path):
+    hostile = {**TINY_LLAMA, "name_or_path": '"""\nimport os; os.system("boom")\n"""'}
+    one = write_recipe(_write(tmp_path / "a", TINY_LLAMA), SEQ_LEN, tmp_path / "recipes")
+    two = write_recipe(_write(tmp_path / "b", hostile), SEQ_LEN, tmp_path / "recipes")
+    again = write_recipe(_write(tmp_path / "c", TINY_LLAMA), SEQ_LEN, tmp_path / "recipes")
+    assert one.read_text() == two.read_text() == RECIPE_SOURCE
+    assert one.parent != two.parent and again == one  # one folder per config and length
+    sidecar = json.loads((two.parent / SIDECAR_NAME).read_text())
+    assert sidecar == {"config": hostile, "seq_len": SEQ_LEN}
+    assert "boom" not in two.read_text()
+    longer = write_recipe(_write(tmp_path / "d", TINY_LLAMA), 2 * SEQ_LEN, tmp_path / "recipes")
+    assert longer.parent != one.parent
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, config, head", [("llama", TINY_LLAMA, "AutoModelForCausalLM"),
+                                                ("bert", TINY_BERT, "AutoModelForMaskedLM")],
+                         ids=["llama", "bert"])
+def test_config_is_traced_through_transformers(runs, name, config, head):
+    import transformers
+
+    made = runs.made(name)
+    assert len(made) == 1  # the first plan fits: one trace
+    footprint = made[0]
+    assert footprint.kind == "traced", footprint.note
+    assert footprint.note == ""
+    # The analytic shape still gives the FSDP unit and the FLOPs.
+    shape = analytic.shape_from_config(config, seq_len=SEQ_LEN)
+    assert footprint.unit_parameters == shape.layer_parameters
+    assert footprint.flops_per_sample == shape.flops_per_sample()
+
+    # The parameters are transformers' own count of the real model.
+    model = getattr(transformers, head).from_config(transformers.AutoConfig.for_model(**config))
+    assert footprint.parameters == model.num_parameters()
+    if name == "llama":
+        assert footprint.parameters == shape.parameters  # and the analytic count agrees
+
+    # The recipe was written under the state dir; a real CPU step of it is what was traced.
+    recipes = list((runs.dir / name / "state" / "hf_recipes").glob("*/recipe.py"))
+    assert len(recipes) == 1
+    real = runs.get(f"{name}_real").peak_allocated
+    traced = footprint.memory_at(MICRO).peak_allocated
+    assert traced == pytest.approx(real, rel=0.01), (traced, real)
+    memory = footprint.memory_at(MICRO)
+    assert memory.activations > 0
+    # fp32 weights, whatever dtype the checkpoint's config names (plus a few small buffers).
+    assert 0 <= memory.parameters - 4 * footprint.parameters < 4096
+    chosen = runs.get(name).chosen
+    assert chosen is not None and chosen.micro_batch_size == MICRO
+    assert chosen.memory.peak_allocated == traced  # one CPU process: the footprint as traced
+
+
+@pytest.mark.slow
+def test_unknown_model_type_falls_back_to_the_analytic_estimate(runs):
+    result = runs.get("unknown")
+    made = runs.made("unknown")
+    footprint = made[0]
+    assert footprint.kind == "config"
+    assert f"does not know model_type {UNKNOWN!r}" in footprint.note
+    assert "the estimate is analytic" in footprint.note
+    assert any("does not know model_type" in note for note in result.notes)
+    config = {**TINY_LLAMA, "model_type": UNKNOWN}
+    shape = analytic.shape_from_config(config, seq_len=SEQ_LEN)
+    assert footprint.parameters == shape.parameters
+    assert footprint.memory_at(MICRO).activations == shape.activation_bytes_per_sample(
+        element_bytes=4) * MICRO
+    # The failure is remembered: any other configuration planned goes analytic at once.
+    assert all(f.kind == "config" for f in made)
+
+
+@pytest.mark.parametrize("environ, transformers", [({"LAUNCH_NO_TRACE": "1"}, True),
+                                                   ({"LAUNCH_NO_TRACE": "0"}, False)],
+                         ids=["no_trace", "no_transformers"])
+def test_analytic_without_tracing_or_transformers(tmp_path, monkeypatch, environ, transformers):
+    import importlib.util
+
+    import launcher.preflight as preflight_module
+
+    called = []
+    monkeypatch.setattr(preflight_module, "_hf_traced", lambda *a, **k: called.append(a))
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: (
+        None if name == "transformers" and not transformers else find_spec(name, *a)))
+    spec, info = _spec_info(tmp_path, TINY_LLAMA)
+    result = preflight_module.preflight(spec, info, tmp_path / "state", environ)
+    assert not called and result.source == "config"
+    assert result.chosen is not None and result.chosen.memory.activations is not None
