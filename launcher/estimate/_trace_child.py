@@ -622,6 +622,13 @@ class _Storage:
         self.device, self.category, self.nbytes = device, category, nbytes
 
 
+@functools.cache
+def _flop_registry() -> dict[Any, Callable[..., int]]:
+    from torch.utils.flop_counter import flop_registry
+
+    return dict(flop_registry)
+
+
 def _make_tracker(device_type: str, probe: ScratchProbe | None) -> Any:
     """A tracker with MemTracker's accounting that records, after every op, the live bytes per
     category on one device, plus the op's scratch (from ``probe``) in a ``SCRATCH`` column.
@@ -681,6 +688,10 @@ def _make_tracker(device_type: str, probe: ScratchProbe | None) -> Any:
             self._orig_resize = torch.UntypedStorage.resize_
             self._uncounted = 0  # > 0 while DTensor propagates shardings (see _skip_propagation)
             self._propagator: Any = None  # (ShardingPropagator, its original method) once patched
+            # Training FLOPs of forward and backward while not None (see count_flops in _trace):
+            # PyTorch's own per-op formulas (FlopCounterMode's registry), without its module
+            # tracking, on the ops the tracker sees anyway.
+            self.flops: float | None = None
 
         # -- accounting ----------------------------------------------------------------------
 
@@ -836,6 +847,10 @@ def _make_tracker(device_type: str, probe: ScratchProbe | None) -> Any:
             if self._uncounted or get_mode(fake_key) is not self._fake_on_entry:
                 return res  # DTensor's propagation (global shapes) or another fake mode's ops
             category = _OPT if self._in_opt else (_TEMP if graph_task() != -1 else _ACT)
+            if self.flops is not None and self.phase in (1, 2):
+                formula = _flop_registry().get(func._overloadpacket)
+                if formula is not None:
+                    self.flops += formula(*args, **(kwargs or {}), out_val=res)
             if isinstance(res, torch.Tensor):
                 self.tag(res, category, retag=False)
             elif isinstance(res, (tuple, list)):
@@ -1068,19 +1083,23 @@ def _trace(request: dict[str, Any], recipe: ModuleType, mode: str) -> dict[str, 
             batches = synthetic_batches(recipe, b, seed, index)
             index += traced_accum
             segments[label] = tracker.start_segment()
+            # Training FLOPs (count_flops): forward and backward of the steady step's
+            # micro-batches, per sample (matmul and attention FLOPs are linear in the batch).
+            count = bool(request.get("count_flops")) and b == b0 and "step" in parts
+            tracker.flops = 0.0 if count else None
             optimizer_step(
                 recipe, model, optimizer, batches, precision=precision,
                 device=device, accum=traced_accum, max_grad_norm=request.get("max_grad_norm"),
                 on_phase=on_phase, update=b == b0 and "step" in parts,
             )
+            if count:
+                facts["flops_per_sample"] = (tracker.flops or None) and (
+                    tracker.flops / (traced_accum * b0))
+                tracker.flops = None
             tracker.stop_segment()
             timings[f"{label}_s"] = time.perf_counter() - t0
             timings[f"{label}_cpu_s"] = time.process_time() - c0
         on_phase("build")  # close the last phase's clock
-        if request.get("count_flops") and "step" in parts:
-            t0 = time.perf_counter()
-            facts["flops_per_sample"] = _count_flops(recipe, model, precision, device, seed)
-            timings["flops_s"] = time.perf_counter() - t0
         del model, optimizer, params
     timings.update({f"{k}_cpu_s": v for k, v in phase_cpu.items() if k != "build"})
     result: dict[str, Any] = {
@@ -1103,28 +1122,6 @@ def _trace(request: dict[str, Any], recipe: ModuleType, mode: str) -> dict[str, 
     if probe is not None:
         result["probes"] = {"probed": probe.probed, "skipped": probe.skipped}
     return result
-
-
-def _count_flops(recipe: ModuleType, model: torch.nn.Module, precision: str,
-                 device: torch.device, seed: int) -> float | None:
-    """Training FLOPs of one sample (forward and backward of a batch of 1), counted by
-    PyTorch's ``FlopCounterMode`` on the model just traced (the recipe probe's count, done here
-    when a trace follows: one process fewer on the preflight's critical path). None when the
-    step cannot be counted; the cost model then says the step time is unknown."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    try:
-        batch = move_to_device(next(synthetic_batches(recipe, 1, seed, 0)), device,
-                               param_dtype(precision))
-        counter = FlopCounterMode(display=False)
-        with counter:
-            with autocast(precision, device):
-                loss = recipe.training_step(model, batch)
-            loss.backward()
-        model.zero_grad(set_to_none=True)
-        return float(counter.get_total_flops()) or None
-    except Exception:  # noqa: BLE001 - an unknown cost, not a failed estimate
-        return None
 
 
 def _scaled_trace(request: dict[str, Any], recipe: ModuleType, mode: str,
