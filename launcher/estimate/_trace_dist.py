@@ -1,0 +1,490 @@
+"""Distributed strategies in the trace child: one process stands for one rank of a real world.
+
+Imported only by ``launcher.estimate._trace_child`` (and the benchmark's real runs), so torch is
+allowed here; ``torch.distributed`` itself is imported inside the functions, because a plain
+single-device trace must not pay for DTensor's import.
+
+``setup_world(N)`` joins a *fake* process group of ``N`` ranks as rank 0
+(``torch.testing._internal.distributed.fake_pg``: every collective returns at once and moves no
+data). ``wrap(model, recipe, strategy, precision, device)`` then applies to the model exactly what
+the training templates apply (``trainer_templates/ddp.py.j2``, ``_fully_shard.py.j2``,
+``fsdp.py.j2``, ``hybrid_shard.py.j2``; change them together), so the tracker sees the memory of
+rank 0 of that world: DDP's gradient buckets, FSDP's shards, all-gathered blocks and
+reduce-scatter buffers, each at its real size for that world size.
+
+Rank 0 is traced. DDP ranks are identical. FSDP2 pads every parameter's shard to the same size
+on every rank (``ceil(dim0 / shards)`` rows), so parameters, gradients and the all-gather and
+reduce-scatter buffers are the same on all ranks; only the optimizer state, which follows the
+*unpadded* local shard, can be smaller on the last ranks when a first dimension does not divide
+by the shard count. Rank 0 holds the largest shard, so its peak is the largest.
+
+Under a real process group (``torch.distributed`` already initialised, e.g. gloo in the
+benchmark's reference runs) ``wrap`` uses that group unchanged: the same code wraps the traced
+and the measured model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Callable, Iterator
+from types import ModuleType
+from typing import Any
+
+import torch
+
+STRATEGIES = ("ddp", "fsdp", "hybrid_shard")
+
+_MESHES: dict[tuple[Any, ...], Any] = {}
+
+
+def _no_modes() -> contextlib.AbstractContextManager:
+    """Run without any dispatch mode (neither the fake mode nor the tracker): the process group
+    and the device mesh hold real, tiny tensors that are not part of any rank's memory."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    return _disable_current_modes()
+
+
+def is_fake_world() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_initialized() and dist.get_backend() == "fake"
+
+
+def setup_world(world_size: int) -> None:
+    """Join a fake process group of ``world_size`` ranks as rank 0 (idempotent).
+
+    A fake world of another size is torn down first (``trace_recipe_configs`` may trace several
+    world sizes in one process). A real group already in place is left alone.
+    """
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore  # registers "fake"
+
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    with _no_modes():
+        if dist.is_initialized():
+            if not is_fake_world() or dist.get_world_size() == world_size:
+                return
+            dist.destroy_process_group()
+            _MESHES.clear()
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
+
+
+def device_mesh(device_type: str, shape: tuple[int, ...], names: tuple[str, ...]) -> Any:
+    """``init_device_mesh`` as the templates call it, once per shape (outside the fake mode: a
+    mesh's rank table must be real)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    key = (device_type, shape, names, dist.get_world_size(), dist.get_backend())
+    if key not in _MESHES:
+        with _no_modes():
+            _MESHES[key] = init_device_mesh(device_type, shape, mesh_dim_names=names)
+    return _MESHES[key]
+
+
+def validate(strategy: dict[str, Any]) -> dict[str, Any]:
+    """The strategy dict, checked and completed (``replicas`` 1 unless hybrid)."""
+    name = strategy.get("name")
+    if name not in STRATEGIES:
+        raise ValueError(f"strategy name must be one of {', '.join(STRATEGIES)}, got {name!r}")
+    world = strategy.get("world_size")
+    if not isinstance(world, int) or world < 1:
+        raise ValueError(f"strategy world_size must be a positive integer, got {world!r}")
+    replicas = strategy.get("replicas", 1) if name == "hybrid_shard" else 1
+    if not isinstance(replicas, int) or replicas < 1 or world % replicas:
+        raise ValueError(f"hybrid_shard replicas ({replicas!r}) must divide world_size ({world})")
+    accum = strategy.get("accum", 1)
+    if not isinstance(accum, int) or accum < 1:
+        raise ValueError(f"strategy accum must be a positive integer, got {accum!r}")
+    return {**strategy, "name": name, "world_size": world, "replicas": replicas,
+            "reshard_after_forward": bool(strategy.get("reshard_after_forward", True)),
+            "accum": accum}
+
+
+def wrap(
+    model: torch.nn.Module, recipe: ModuleType, strategy: dict[str, Any], precision: str,
+    device: torch.device,
+) -> torch.nn.Module:
+    """Wrap ``model`` (built, cast, checkpoint-wrapped) as the template of ``strategy`` does.
+
+    ``strategy``: ``{"name": "ddp" | "fsdp" | "hybrid_shard", "world_size": N,
+    "replicas": R (hybrid: R replicas of N / R shards), "reshard_after_forward": bool,
+    "accum": micro-batches per optimizer step in this process}``. ``accum`` > 1 reproduces the
+    templates' ``gradient_sync``: gradients are reduced only on the last micro-batch of a step
+    (DDP's ``no_sync()``, FSDP's ``set_requires_gradient_sync(False)`` before).
+    """
+    import torch.distributed as dist
+
+    strategy = validate(strategy)
+    world = strategy["world_size"]
+    if not dist.is_initialized() or is_fake_world():
+        setup_world(world)  # (a fake world of another size is rebuilt)
+    elif dist.get_world_size() != world:
+        raise ValueError(f"the process group has {dist.get_world_size()} ranks, the strategy "
+                         f"{world}")
+    if strategy["name"] == "ddp":
+        model = _ddp(model, device)
+        sync: Callable[[bool], None] = _ddp_sync(model)
+    else:
+        shards = world // strategy["replicas"]
+        if strategy["name"] == "fsdp":
+            mesh = device_mesh(device.type, (world,), ("shard",))
+        else:
+            mesh = device_mesh(device.type, (strategy["replicas"], shards),
+                               ("replicate", "shard"))
+        model = _fully_shard(model, recipe, mesh, precision, strategy["reshard_after_forward"])
+        sync = model.set_requires_gradient_sync  # type: ignore[assignment]
+    _gradient_sync_per_micro_batch(model, strategy["accum"], sync)
+    return model
+
+
+# ----------------------------------------------------------------------------------------------
+# DDP (trainer_templates/ddp.py.j2)
+
+
+def _ddp(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+    from torch.nn.parallel import DistributedDataParallel
+
+    # the templates pass the rank's own GPU; a trace's device has no index: rank 0's
+    device_ids = [device.index or 0] if device.type == "cuda" else None
+    if not is_fake_world():
+        return DistributedDataParallel(model, device_ids=device_ids, gradient_as_bucket_view=True)
+    with _fake_ddp_init():
+        ddp = DistributedDataParallel(model, device_ids=device_ids, gradient_as_bucket_view=True)
+    _fake_allreduce(ddp)
+    _skip_bucket_rebuild(ddp)
+    return ddp
+
+
+@contextlib.contextmanager
+def _fake_ddp_init() -> Iterator[None]:
+    """DDP's constructor checks that every rank has the same parameter shapes by all-gathering
+    them and reading the result in C++: fake tensors have no data to read, and in a world of one
+    process there is nothing to compare. The check allocates nothing that lasts."""
+    import torch.nn.parallel.distributed as ddp_module
+
+    verify = ddp_module._verify_param_shape_across_processes
+    ddp_module._verify_param_shape_across_processes = lambda *args, **kwargs: None
+    try:
+        yield
+    finally:
+        ddp_module._verify_param_shape_across_processes = verify
+
+
+def _fake_allreduce(ddp: torch.nn.Module) -> None:
+    """DDP's default all-reduce, as a comm hook whose future holds the bucket.
+
+    The fake process group's work completes with an empty future; the reducer needs the bucket
+    back. The default C++ hook divides the bucket in place and all-reduces it in place (after
+    copying each gradient into its bucket view as ``grad * (1/N)``; with a Python hook the copy
+    is a plain ``copy_`` and the division follows on the whole bucket): no allocation either way.
+    """
+    import torch.distributed as dist
+
+    def hook(state, bucket):  # type: ignore[no-untyped-def]  # DDP checks real annotations
+        buffer = bucket.buffer()
+        buffer.div_(dist.get_world_size())
+        dist.all_reduce(buffer)
+        future: torch.futures.Future = torch.futures.Future()
+        future.set_result(buffer)
+        return future
+
+    ddp.register_comm_hook(None, hook)  # type: ignore[operator]
+
+
+class _NoRebuild:
+    """The reducer, with its one-time bucket rebuild skipped (see ``_skip_bucket_rebuild``)."""
+
+    def __init__(self, reducer: Any) -> None:
+        self._reducer = reducer
+
+    def _rebuild_buckets(self) -> bool:
+        return False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._reducer, name)
+
+
+def _skip_bucket_rebuild(ddp: Any) -> None:
+    """DDP re-partitions its buckets once, at the second forward, in the order gradients became
+    ready; it broadcasts rank 0's partition and reads it in C++, which fake tensors cannot do.
+    Skipped in the trace: the buckets hold the same gradients either way (same total bytes), and
+    the rebuild frees the old buckets before it allocates the new ones (the gradients, their
+    views, are None after ``zero_grad(set_to_none=True)``), so it adds no peak."""
+    pre_forward = ddp._pre_forward
+
+    def _pre_forward(*args: Any, **kwargs: Any) -> Any:
+        reducer = ddp.reducer
+        ddp.reducer = _NoRebuild(reducer)
+        try:
+            return pre_forward(*args, **kwargs)
+        finally:
+            ddp.reducer = reducer
+
+    ddp._pre_forward = _pre_forward
+
+
+def _ddp_sync(ddp: Any) -> Callable[[bool], None]:
+    def sync(enabled: bool) -> None:
+        # what ``no_sync()`` sets; DDP reads it in its forward
+        ddp.require_backward_grad_sync = enabled
+
+    return sync
+
+
+def put_zero_grads(model: torch.nn.Module, on_grad: Callable[[torch.Tensor], None]) -> bool:
+    """Step 1 of the trace puts zero gradients in place instead of running micro-batches. Under
+    DDP with ``gradient_as_bucket_view`` the gradients a real backward leaves are views into the
+    reducer's buckets, which exist anyway: a separate zero tensor per parameter would count the
+    gradients twice. Here the gradients are produced the way a backward produces them: a
+    backward of ``sum(p * 0)`` through the reducer's hooks, which copy each gradient into its
+    bucket and make ``.grad`` a view of it. Returns False (nothing done) for other models."""
+    ddp_module = sys.modules.get("torch.nn.parallel.distributed")  # no DDP without it
+    if ddp_module is None or not isinstance(model, ddp_module.DistributedDataParallel):
+        return False
+    params = [p for p in model.parameters() if p.requires_grad]
+    model.reducer.prepare_for_backward([])
+    loss = sum((p * 0).sum() for p in params)
+    loss.backward()  # type: ignore[union-attr]
+    for p in params:
+        if p.grad is not None:
+            on_grad(p.grad)
+    return True
+
+
+# ----------------------------------------------------------------------------------------------
+# FSDP2 full and hybrid sharding (trainer_templates/_fully_shard.py.j2, _blocks.py.j2)
+
+
+def precision_policy(precision: str) -> Any:
+    try:
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+    except ImportError:  # before torch 2.6
+        from torch.distributed._composable.fsdp import MixedPrecisionPolicy
+
+    if precision == "bf16_mixed":
+        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    return MixedPrecisionPolicy()
+
+
+def block_types(model: torch.nn.Module, recipe: ModuleType) -> tuple[type, ...]:
+    """The templates' ``block_types``: ``wrap_modules()``, else the largest repeated class."""
+    if callable(getattr(recipe, "wrap_modules", None)):
+        return tuple(recipe.wrap_modules())
+    count: dict[type, int] = {}
+    size: dict[type, int] = {}
+    for container in model.modules():
+        if isinstance(container, (torch.nn.ModuleList, torch.nn.Sequential)):
+            for child in container:
+                numel = sum(p.numel() for p in child.parameters())
+                if numel:
+                    count[type(child)] = count.get(type(child), 0) + 1
+                    size[type(child)] = numel
+    repeated = [t for t, n in count.items() if n > 1]
+    if not repeated:
+        return ()
+    return (max(repeated, key=lambda t: size[t]),)
+
+
+def _fully_shard(
+    model: torch.nn.Module, recipe: ModuleType, mesh: Any, precision: str,
+    reshard_after_forward: bool,
+) -> torch.nn.Module:
+    try:
+        from torch.distributed.fsdp import fully_shard
+    except ImportError:  # before torch 2.6
+        from torch.distributed._composable.fsdp import fully_shard
+
+    options = {"mesh": mesh, "mp_policy": precision_policy(precision),
+               "reshard_after_forward": reshard_after_forward}
+    types = block_types(model, recipe)
+    blocks = [m for m in model.modules() if isinstance(m, types)] if types else []
+    for block in reversed(blocks):  # innermost first, as nested units must be
+        fully_shard(block, **options)
+    fully_shard(model, **options)
+    return model
+
+
+# ----------------------------------------------------------------------------------------------
+# The templates' gradient_sync
+
+
+def _gradient_sync_per_micro_batch(
+    model: torch.nn.Module, accum: int, sync: Callable[[bool], None]
+) -> None:
+    """The loop wraps each micro-batch in ``gradient_sync(model, micro_step == accum)``; the
+    trace's loop (``_trace_child.optimizer_step``) does not know about strategies, so the root
+    module's forward pre-hook does it: every optimizer step runs exactly ``accum`` forwards of
+    the root, and the flag set before a forward holds through its backward (where both DDP and
+    FSDP read it: DDP at the end of its forward, FSDP in its post-backward)."""
+    if accum <= 1:
+        return
+    count = [0]
+
+    def pre_forward(module: torch.nn.Module, args: Any) -> None:
+        count[0] += 1
+        sync(count[0] % accum == 0)
+
+    model.register_forward_pre_hook(pre_forward)
+
+
+# ----------------------------------------------------------------------------------------------
+# One rank of a real (gloo) world, for the reference measurements
+
+
+def exact_cpu_accounting() -> None:
+    """Make the CPU allocator's running total exact across threads.
+
+    c10's ``ProfiledCPUMemoryReporter`` updates its total (``total_allocated`` in the profiler's
+    events) only on threads where the profiler is active, unless the c10 flag
+    ``caffe2_report_cpu_memory_usage`` is set. A block freed on one of gloo's worker threads
+    (the last reference to a tensor was a collective's work object) is then never subtracted,
+    and the total drifts upwards for the rest of the run. The flag has no Python setter; it is
+    an exported variable of libc10, set here through ctypes. Its only other effect is an
+    INFO-level log line per allocation, below c10's default log level.
+    """
+    import ctypes
+    from pathlib import Path
+
+    libc10 = ctypes.CDLL(str(Path(torch.__file__).parent / "lib" / "libc10.so"))
+    ctypes.c_bool.in_dll(libc10, "FLAGS_caffe2_report_cpu_memory_usage").value = True
+
+
+def peak_without_backend(prof: Any) -> dict[str, int]:
+    """The CPU allocator's peak in a finished ``torch.profiler`` run, and the same without the
+    collectives' own buffers.
+
+    gloo allocates inside its collectives, where no dispatch mode sees it: ``_allgather_base_``
+    copies through a temporary of the output's size, and its worker threads allocate their own
+    while the work runs (when they free them depends on thread timing, so ranks differ from run
+    to run). NCCL writes into the given tensors and allocates nothing from PyTorch's allocator,
+    so a GPU job never has those bytes: they are the CPU backend's, not the training step's.
+
+    Left out: every allocation made inside a ``c10d::`` op or on another thread than the one that
+    allocated most (the training thread), and its free. Frees are matched to allocations by
+    address (the events' ``allocation_id`` is not filled in). A free on a thread where the
+    profiler is not active is not recorded at all (gloo's worker threads, when a collective's
+    work object held the last reference): with ``exact_cpu_accounting`` on, the allocator's
+    total still drops at that moment, so at every event the blocks known to be live are
+    compared with the total, and a shortfall is matched to the live blocks whose free is never
+    recorded (same size first, else the largest that fit). What cannot be matched stays live
+    until its address is reused, an upper bound (``unmatched_bytes``).
+
+    Returns ``peak`` (without the backend), ``raw_peak`` (the allocator's own total, less what
+    was allocated before the profiler started), ``backend_bytes_at_raw_peak``, ``late_frees``.
+    """
+    from torch._C._profiler import _EventType
+
+    events: list[tuple[int, int, int, int, int, bool, int]] = []
+    stack = [(node, False) for node in prof.profiler.kineto_results.experimental_event_tree()]
+    while stack:
+        node, in_c10d = stack.pop()
+        in_c10d = in_c10d or node.name.startswith("c10d::")
+        if node.typed[0] == _EventType.Allocation and node.extra_fields.device.type == "cpu":
+            f = node.extra_fields
+            events.append((node.start_time_ns, f.id or 0, f.alloc_size, f.ptr, node.start_tid,
+                           in_c10d, f.total_allocated))
+        stack.extend((child, in_c10d) for child in node.children)
+    events.sort(key=lambda e: (e[0], e[1]))
+    if not events:
+        return {"peak": 0, "raw_peak": 0, "backend_bytes_at_raw_peak": 0, "late_frees": 0,
+                "unmatched_bytes": 0, "threads": 0}
+    per_thread: dict[int, int] = {}
+    for e in events:
+        per_thread[e[4]] = per_thread.get(e[4], 0) + 1
+    main = max(per_thread, key=lambda tid: per_thread[tid])
+    # which allocations never see their free recorded (the next event at the address is another
+    # allocation, or there is none)
+    orphan: set[int] = set()
+    last_alloc: dict[int, int] = {}
+    for i, e in enumerate(events):
+        if e[2] > 0:
+            if e[3] in last_alloc:
+                orphan.add(last_alloc[e[3]])
+            last_alloc[e[3]] = i
+        else:
+            last_alloc.pop(e[3], None)
+    orphan.update(last_alloc.values())
+
+    blocks: dict[int, tuple[int, bool, bool]] = {}  # address -> (bytes, backend, orphan)
+    known = live = 0  # bytes of all known blocks, of the training thread's
+    baseline = events[0][6] - events[0][2]  # allocated before the profiler started
+    peak = raw_peak = backend_at_raw_peak = late = unmatched = 0
+
+    def drop(ptr: int) -> None:
+        nonlocal known, live
+        nbytes, backend, _ = blocks.pop(ptr)
+        known -= nbytes
+        live -= 0 if backend else nbytes
+
+    for i, (_, _, nbytes, ptr, tid, in_c10d, total) in enumerate(events):
+        if nbytes > 0:
+            if ptr in blocks:  # freed unseen and not matched below: it lived at most until now
+                unmatched += blocks[ptr][0]
+                drop(ptr)
+            backend = in_c10d or tid != main
+            blocks[ptr] = (nbytes, backend, i in orphan)
+            known += nbytes
+            live += 0 if backend else nbytes
+        elif ptr in blocks:
+            drop(ptr)
+        else:
+            baseline += nbytes  # a block from before the profiler
+        shortfall = baseline + known - total
+        if shortfall > 0:  # freed on a thread the profiler does not see: which blocks?
+            candidates = sorted(((n, p) for p, (n, _, o) in blocks.items() if o), reverse=True)
+            exact = [p for n, p in candidates if n == shortfall]
+            for n, p in ([(shortfall, exact[0])] if exact else candidates):
+                if n <= shortfall:
+                    late += 1
+                    shortfall -= n
+                    drop(p)
+                if shortfall <= 0:
+                    break
+        peak = max(peak, live)
+        if total - baseline > raw_peak:
+            raw_peak, backend_at_raw_peak = total - baseline, total - baseline - live
+    return {"peak": peak, "raw_peak": raw_peak, "backend_bytes_at_raw_peak": backend_at_raw_peak,
+            "late_frees": late, "unmatched_bytes": unmatched, "threads": len(per_thread)}
+
+
+def _rank_main() -> None:
+    """One rank of a real CPU world: ``measure`` (a real step under the CPU allocator's own
+    accounting) with the model wrapped by the strategy over a gloo process group.
+
+    Started once per rank, torchrun-style (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``,
+    ``MASTER_PORT`` in the environment), with ``measure``'s JSON request on stdin (including
+    ``strategy``); prints its JSON answer with ``rank`` added. The benchmark
+    (``bench/bench_estimate_dist.py``) and the tests compare these per-rank peaks with the trace.
+    """
+    import json
+    import os
+
+    import torch.distributed as dist
+
+    from launcher.estimate import _trace_child
+
+    protocol = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    request = json.loads(sys.stdin.read())
+    torch.set_num_threads(int(request.get("threads", 1)))
+    exact_cpu_accounting()
+    dist.init_process_group("gloo")
+    try:
+        answer = _trace_child.measure(request)
+        answer["rank"] = dist.get_rank()
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+    protocol.write(json.dumps(answer))
+    protocol.flush()
+
+
+if __name__ == "__main__":
+    from launcher.estimate._trace_dist import _rank_main as main  # the module, not __main__
+
+    main()
