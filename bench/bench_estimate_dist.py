@@ -248,7 +248,8 @@ def scaling(directory: Path, worlds: list[int], micro_batch: int) -> dict[str, A
     unit = _unit_parameters(SCALING_LLAMA)
     footprint = Footprint(kind="traced", precision="bf16_mixed", optimizer="adamw",
                           activation_checkpointing=False, parameters=single.parameters,
-                          memory_at=single.memory_at, unit_parameters=unit)
+                          memory_at=single.memory_at, unit_parameters=unit,
+                          phases_at=single.phase_memories_at)
     rows = []
     for world in worlds:
         analytic = per_gpu_memory(footprint, Target(name="bench", gpus=world, memory_bytes=None,

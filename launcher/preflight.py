@@ -109,7 +109,7 @@ def _traced(spec: Spec, info: ScriptInfo, precision: str, optimizer: str,
             optimizer=optimizer, activation_checkpointing=checkpointing,
             parameters=trace.parameters, memory_at=trace.memory_at,
             unit_parameters=info.unit_parameters,
-            flops_per_sample=flops, note=note)
+            flops_per_sample=flops, note=note, phases_at=trace.phase_memories_at)
     return out
 
 
@@ -149,7 +149,8 @@ def _hf_traced(spec: Spec, shape: ModelShape, precision: str, optimizer: str,
         else:
             note = "; ".join(trace.notes[:2]) if trace.is_bound else ""
             return replace(analytic, kind="upper_bound" if trace.is_bound else "traced",
-                           parameters=trace.parameters, memory_at=trace.memory_at, note=note)
+                           parameters=trace.parameters, memory_at=trace.memory_at, note=note,
+                           phases_at=trace.phase_memories_at)
     note = f"{failed['note']}: the estimate is analytic"
     return replace(analytic, note="; ".join(n for n in (note, analytic.note) if n))
 

@@ -198,3 +198,17 @@ def test_a_plain_script_receives_the_plan_under_torchrun(tmp_path: Path) -> None
     assert received == {0: job.env, 1: job.env}
     steps = [(line["rank"], line["step"]) for line in lines if line["plain"] == "step"]
     assert sorted(steps) == [(rank, step) for rank in (0, 1) for step in range(1, 5)]
+
+
+@pytest.mark.parametrize("strategy, moves_first", [("fsdp", False), ("hybrid_shard", False),
+                                                   ("ddp", True), ("single", True)])
+def test_sharded_scripts_leave_the_move_to_the_gpu_to_fully_shard(strategy, moves_first):
+    """A sharded plan is for a model that does not fit on one GPU: its script must not move the
+    whole model there before sharding (fully_shard moves each block as it shards it)."""
+    from launcher.render import render_script
+
+    source = render_script(strategy)
+    build = source[source.index("def build_model(recipe"):source.index("def build_optimizer(")]
+    assert ("model.to(device=runtime.device" in build) is moves_first
+    if not moves_first:
+        assert "model.to(dtype=param_dtype(" in build

@@ -28,6 +28,9 @@ class Footprint:
     unit_parameters: int | None = None  # the largest wrap_modules() block: FSDP's gathered unit
     flops_per_sample: float | None = None
     note: str = ""
+    #: Traced footprints: the ``Memory`` at each phase's own peak (build, forward, backward,
+    #: optimizer, zero_grad), so that sharding is applied to each moment before the maximum.
+    phases_at: Callable[[int], dict[str, Memory]] | None = None
 
 
 def foreach_temporary(trainable: int, optimizer: str, precision: str) -> int:

@@ -181,6 +181,13 @@ class TraceResult:
         """Peak allocated bytes over the first and a steady-state optimizer step."""
         return sum(self.breakdown_at(micro_batch).values())
 
+    def phase_memories_at(self, micro_batch: int) -> dict[str, Memory]:
+        """The plan's ``Memory`` at each phase's own peak (forward, backward, optimizer...):
+        what a strategy that shards the model states needs, since sharding can move the peak
+        from the optimizer step (states) to the backward pass (activations)."""
+        return {phase: _memory({c: round(x) for c, x in v.items()}, self.optimizer_state_bytes)
+                for phase, v in self.phase_breakdowns_at(micro_batch).items()}
+
     def memory_at(self, micro_batch: int) -> Memory:
         """The plan's ``Memory`` at ``micro_batch``: the breakdown at the peak moment.
 
@@ -258,20 +265,21 @@ class ScaledTrace(TraceResult):
         object.__setattr__(scaled, "per_size", per_size)
         return scaled
 
-    def _peak(self, micro_batch: int) -> tuple[str, dict[str, int]]:
+    def phase_breakdowns_at(self, micro_batch: int) -> dict[str, dict[str, float]]:
+        """Each phase's peak at the real depth: the two depths' extrapolated, per category."""
         assert self.shallow is not None and self.deep is not None
         d0, d1 = self.blocks["traced_depths"]
         k = (self.blocks["count"] - d0) / (d1 - d0)
         a = self.shallow.phase_breakdowns_at(micro_batch)
         b = self.deep.phase_breakdowns_at(micro_batch)
-        best: tuple[str, dict[str, int]] | None = None
-        for phase in a.keys() & b.keys():
-            v = {c: max(0, round(a[phase][c] + k * (b[phase][c] - a[phase][c])))
-                 for c in b[phase]}
-            if best is None or sum(v.values()) > sum(best[1].values()):
-                best = (phase, v)
-        assert best is not None
-        return best
+        return {phase: {c: max(0.0, a[phase][c] + k * (b[phase][c] - a[phase][c]))
+                        for c in b[phase]}
+                for phase in b if phase in a}
+
+    def _peak(self, micro_batch: int) -> tuple[str, dict[str, int]]:
+        phases = self.phase_breakdowns_at(micro_batch)
+        phase = max(phases, key=lambda ph: sum(phases[ph].values()))
+        return phase, {c: round(x) for c, x in phases[phase].items()}
 
     def breakdown_at(self, micro_batch: int) -> dict[str, int]:
         return self._peak(micro_batch)[1]

@@ -142,9 +142,22 @@ def per_gpu_memory(fp: Footprint, target: Target, strategy: str, nodes: int, gpu
         # FSDP holds the current unit unsharded, prefetches the next, and the unit's unsharded
         # gradients before their reduce-scatter: three units' worth at the peak.
         gather = None if fp.unit_parameters is None else 3 * fp.unit_parameters * compute_bytes
-        parts = (params, grads, opt, activations, temporary, gather)
-        peak = None if any(p is None for p in parts) else (
-            params + grads + opt + max(activations + gather, temporary))  # type: ignore[operator]
+        if fp.phases_at is not None and gather is not None:
+            # A traced footprint says what is alive at each phase's own peak. Sharding divides
+            # the model states, not the activations, so the single device's peak (often the
+            # optimizer step, where activations are gone) is not the sharded one (often the
+            # backward pass): shard every phase, then take the largest.
+            sharded = _sharded_phases(fp.phases_at(micro), div, gather, accum)
+            if sharded:
+                phase_memory = max(sharded, key=lambda m: m.peak_allocated or 0)
+                params, grads, opt = (phase_memory.parameters, phase_memory.gradients,
+                                      phase_memory.optimizer)
+                activations, temporary = phase_memory.activations, phase_memory.temporary
+            peak = phase_memory.peak_allocated if sharded else None
+        else:
+            parts = (params, grads, opt, activations, temporary, gather)
+            peak = None if any(p is None for p in parts) else (
+                params + grads + opt + max(activations + gather, temporary))  # type: ignore
     if peak is not None and target.allocated_scale != 1.0:
         peak = math.ceil(peak * target.allocated_scale)
     capacity = target.memory_bytes
@@ -157,6 +170,38 @@ def per_gpu_memory(fp: Footprint, target: Target, strategy: str, nodes: int, gpu
     return Memory(parameters=params, gradients=grads, optimizer=opt, activations=activations,
                   temporary=temporary, framework_overhead=over.framework, peak_allocated=peak,
                   peak_reserved=reserved, total=total, capacity=capacity)
+
+
+def _sharded_phases(phases: dict[str, Memory], div: Callable[[int | None], int | None],
+                    gather: int, accum: int) -> list[Memory]:
+    """Each phase's single-device ``Memory`` under a sharding of the model states.
+
+    The build is left out: the sharded templates move each block to the GPU as ``fully_shard``
+    shards it. Under bf16_mixed the single device's activations include autocast's bf16 copies
+    of the weights, which FSDP replaces by its bf16 gathers (``gather``): counted twice, on the
+    safe side (docs/benchmarks.md measures how much). Weights and optimizer state are divided
+    everywhere. Gradients too, except while
+    accumulating (the templates keep the whole unsharded gradient until the last micro-step).
+    Activations are the rank's own. Temporaries are the optimizer's foreach buffers in the
+    optimizer phase (sharded with the state) and activation gradients in forward and backward
+    (not sharded), where FSDP also holds its gathered units (``gather``).
+    """
+    out = []
+    for phase, m in phases.items():
+        if phase == "build":
+            continue  # the sharded templates shard each block as it reaches the GPU
+        if None in (m.parameters, m.gradients, m.optimizer, m.activations, m.temporary):
+            return []
+        compute = phase in ("forward", "backward")
+        grads = m.gradients if accum > 1 else div(m.gradients)
+        temporary = m.temporary if compute else div(m.temporary)
+        parts = (div(m.parameters), grads, div(m.optimizer), m.activations, temporary)
+        peak = sum(parts) + (gather if compute else 0)  # type: ignore[arg-type]
+        out.append(Memory(parameters=parts[0], gradients=grads, optimizer=parts[2],
+                          activations=m.activations, temporary=temporary + (
+                              gather if compute else 0),
+                          peak_allocated=peak))
+    return out
 
 
 def _fits(memory: Memory, target: Target) -> bool | None:

@@ -172,3 +172,37 @@ def test_calibration_from_earlier_runs_raises_the_estimate(cli, plain, gpt2_conf
     assert after["peak_allocated"] > before["peak_allocated"]  # x 1.1: this model's own record
     ratio = after["peak_reserved"] / after["peak_allocated"]
     assert 1.29 < ratio < 1.31  # 143 / 110: the machine's measured allocator slack
+
+
+def test_sharding_moves_a_traced_peak_from_the_optimizer_step_to_backward():
+    """One GPU peaks in the optimizer step (16 B/param of states, activations gone); sharded 8
+    ways the states shrink and the backward pass, with its activations, is the peak. The
+    planner must shard each traced phase before taking the maximum (the bug this replaces took
+    the single-device peak's breakdown, where activations are 0: 62% under a traced FSDP rank).
+    """
+    from launcher.estimate.footprint import Footprint
+    from launcher.plan.plan import Memory
+    from launcher.plan.planner import Target, per_gpu_memory
+
+    gib = 2**30
+    phases = {
+        "backward": Memory(parameters=4 * gib, gradients=2 * gib, optimizer=8 * gib,
+                           activations=6 * gib, temporary=1 * gib, peak_allocated=21 * gib),
+        "optimizer": Memory(parameters=4 * gib, gradients=4 * gib, optimizer=8 * gib,
+                            activations=0, temporary=4 * gib, peak_allocated=20 * gib),
+    }
+    fp = Footprint(kind="traced", precision="bf16_mixed", optimizer="adamw",
+                   activation_checkpointing=False, parameters=gib, unit_parameters=0,
+                   memory_at=lambda b: phases["backward"], phases_at=lambda b: phases)
+    target = Target(name="t", gpus=8, memory_bytes=None, cpu=True)
+    memory = per_gpu_memory(fp, target, "fsdp", 1, 8, micro=1)
+    # backward: (4 + 2 + 8) / 8 of states + 6 of activations + 1 of activation gradients
+    assert memory.peak_allocated == (4 + 2 + 8) * gib // 8 + 6 * gib + 1 * gib
+    assert memory.activations == 6 * gib
+    # while accumulating, the whole gradient stays unsharded until the last micro-step
+    accumulating = per_gpu_memory(fp, target, "fsdp", 1, 8, micro=1, accum=4)
+    assert accumulating.peak_allocated == (4 + 8) * gib // 8 + 2 * gib + 6 * gib + 1 * gib
+    # without the phases (the old scaling), the optimizer-step breakdown would lose them
+    single = per_gpu_memory(fp, Target(name="t", gpus=1, memory_bytes=None, cpu=True),
+                            "single", 1, 1, micro=1)
+    assert single.peak_allocated == 21 * gib
