@@ -1002,6 +1002,13 @@ def _trace(request: dict[str, Any], recipe: ModuleType, mode: str) -> dict[str, 
     # sizes. Both by default; the parent may run them in two processes (two cores).
     parts = set(request.get("parts") or ("step", "micro"))
     micro_sizes = [x for x in sizes + verify if x != b0] if "micro" in parts else []
+    # A split trace may move some micro-batch sizes to the "step" process, to even out the two
+    # processes' work (``_scaled_trace``); the other process then leaves them out.
+    moved = [x for x in request.get("step_sizes", []) if x != b0 and x in sizes + verify]
+    if parts == {"step"}:
+        micro_sizes = moved
+    elif parts == {"micro"}:
+        micro_sizes = [x for x in micro_sizes if x not in moved]
 
     if mode in ("fake", "bound"):
         _allow_fake_foreach()
@@ -1138,7 +1145,10 @@ def _scaled_trace(request: dict[str, Any], recipe: ModuleType, mode: str,
         return _trace(request, recipe, mode)
     shallow, deep = SCALED_DEPTHS
     try:
-        first = _trace({**request, "depth": shallow}, recipe, mode)
+        # At the shallow depth the step process (one full step) has less to do than the micro
+        # process (two sizes): it takes the smallest size too, for even halves.
+        sizes = sorted(set(request["micro_batch_sizes"]))
+        first = _trace({**request, "depth": shallow, "step_sizes": sizes[:1]}, recipe, mode)
         if "blocks" not in first:
             return first  # nothing to scale: that was the whole model
         second = _trace({**request, "depth": deep}, recipe, mode)
