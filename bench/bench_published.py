@@ -94,14 +94,15 @@ LLAMA31_8B = {  # meta-llama/Llama-3.1-8B config.json (the fields the analytic p
     "vocab_size": 128256, "max_position_embeddings": 131072, "tie_word_embeddings": False}
 
 
-def matches_printed(value: float, printed: str) -> bool:
+def matches_printed(value: float | Decimal, printed: str) -> bool:
     """True when ``printed`` is ``value`` rounded half-up or truncated to the printed digits.
 
     Table 1 rounds most cells (41.25 -> 41.3, 1.875 -> 1.88) but truncates some large ones
-    (4187.5 -> 4187, 513.5 -> 513); either is "exact to the paper's rounding".
+    (4187.5 -> 4187, 513.5 -> 513); either is "exact to the paper's rounding". A ``Decimal``
+    is taken as it is (exact bytes / GB); a float by its shortest repr.
     """
     p = Decimal(printed)
-    v = Decimal(repr(value))
+    v = value if isinstance(value, Decimal) else Decimal(repr(value))
     return p in (v.quantize(p, rounding=ROUND_HALF_UP), v.quantize(p, rounding=ROUND_DOWN))
 
 

@@ -22,7 +22,12 @@ import pytest
 
 from launcher.doctor import DoctorReport, print_report, run_doctor
 from launcher.status import ExitStatus, UsageError
-from tests.fakes.sagemaker_server import moto_client, start_moto
+from tests.fakes.sagemaker_server import (
+    isolated_aws_env,
+    moto_client,
+    no_aws_credentials,
+    start_moto,
+)
 from tests.infra.cases import aws_module, output
 from tests.infra.loopback import CloudQuotas, GoogleIam, IamWithSimulation, ServiceQuotas
 from tests.providers.test_vertex import (  # noqa: F401 (fixtures)
@@ -100,17 +105,8 @@ def account(moto: str, terraform: Any) -> dict[str, str]:
 
 @pytest.fixture
 def aws_env(moto: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
-    values = {
-        "AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
-        "AWS_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true", "AWS_ENDPOINT_URL": moto,
-        "AWS_CONFIG_FILE": str(tmp_path / "no-config"),
-        "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "no-credentials"),
-    }
-    for key in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_DEFAULT_REGION"):
-        monkeypatch.delenv(key, raising=False)
-    for key, value in values.items():
-        monkeypatch.setenv(key, value)
-    return values
+    return isolated_aws_env(monkeypatch, tmp_path, AWS_ACCESS_KEY_ID=ACCESS_KEY,
+                            AWS_SECRET_ACCESS_KEY=SECRET_KEY, AWS_ENDPOINT_URL=moto)
 
 
 @pytest.fixture
@@ -226,17 +222,7 @@ def test_sagemaker_bucket_and_role_problems(account: dict[str, str],
 def test_sagemaker_without_credentials_fails_within_two_seconds(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     blackhole = socket.create_server(("127.0.0.1", 0))  # accepts, never answers
-    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
-                "AWS_EC2_METADATA_DISABLED", "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
-                "AWS_CONTAINER_CREDENTIALS_FULL_URI", "AWS_WEB_IDENTITY_TOKEN_FILE"):
-        monkeypatch.delenv(key, raising=False)
-    (tmp_path / "empty").write_text("")
-    environ = {"HOME": str(tmp_path), "AWS_CONFIG_FILE": str(tmp_path / "empty"),
-               "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "empty"),
-               "AWS_EC2_METADATA_SERVICE_ENDPOINT":
-                   f"http://127.0.0.1:{blackhole.getsockname()[1]}"}
-    for key, value in environ.items():
-        monkeypatch.setenv(key, value)
+    environ = no_aws_credentials(monkeypatch, tmp_path, blackhole.getsockname()[1])
     start = time.monotonic()
     try:
         report = run_doctor("sagemaker", {"region": "us-east-1", "bucket": "b-launch",

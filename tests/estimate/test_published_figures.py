@@ -3,15 +3,17 @@
 Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward Training Trillion Parameter Models",
 arXiv 1910.02054, Section 5, Table 1: per-device model-state memory of mixed-precision Adam
 (2 + 2 + K bytes per parameter, K = 12) for Psi = 7.5B, 128B and 1T parameters at data-parallel
-degree Nd, under P_os, P_os+g and P_os+g+p. Its "GB" is 1e9 bytes. The cells are copied here as
-printed (bench/bench_published.py holds the same table with the other published figures).
+degree Nd, under P_os, P_os+g and P_os+g+p. Its "GB" is 1e9 bytes. The cells, as
+printed, live in bench/bench_published.py with the other published figures.
 The paper rounds most cells (41.25 -> 41.3) and truncates some (4187.5 -> 4187, 513.5 -> 513):
 a value matches when it rounds half-up or truncates to the printed string.
 """
 
 from __future__ import annotations
 
-from decimal import ROUND_DOWN, ROUND_HALF_UP, Decimal
+import sys
+from decimal import Decimal
+from pathlib import Path
 
 import pytest
 
@@ -20,22 +22,10 @@ from launcher.estimate.footprint import from_shape
 from launcher.estimate.states import model_states
 from launcher.plan.planner import Target, per_gpu_memory
 
-GB = 10**9
-
-#: model -> (Psi, {Nd: (P_os, P_os+g, P_os+g+p)}), GB as printed. Nd = 1 is the baseline.
-TABLE1: dict[str, tuple[int, dict[int, tuple[str, str, str]]]] = {
-    "7.5B": (7_500_000_000, {
-        1: ("120", "120", "120"), 4: ("52.5", "41.3", "30"), 16: ("35.6", "21.6", "7.5"),
-        64: ("31.4", "16.6", "1.88"), 256: ("30.4", "15.4", "0.47"),
-        1024: ("30.1", "15.1", "0.12")}),
-    "128B": (128_000_000_000, {
-        1: ("2048", "2048", "2048"), 4: ("896", "704", "512"), 16: ("608", "368", "128"),
-        64: ("536", "284", "32"), 256: ("518", "263", "8"), 1024: ("513", "257", "2")}),
-    "1T": (1_000_000_000_000, {
-        1: ("16000", "16000", "16000"), 4: ("7000", "5500", "4000"),
-        16: ("4750", "2875", "1000"), 64: ("4187", "2218", "250"),
-        256: ("4046", "2054", "62.5"), 1024: ("4011", "2013", "15.6")}),
-}
+#: Table 1 as printed, and the rounding rule: one copy, in the benchmark that reports them.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+from bench_published import GB, matches_printed  # noqa: E402
+from bench_published import ZERO_TABLE1 as TABLE1  # noqa: E402
 
 CELLS = [(model, psi, nd, printed) for model, (psi, rows) in TABLE1.items()
          for nd, printed in rows.items()]
@@ -43,9 +33,7 @@ IDS = [f"{model}-Nd{nd}" for model, _, nd, _ in CELLS]
 
 
 def matches(nbytes: int, printed: str) -> bool:
-    p = Decimal(printed)
-    v = Decimal(nbytes) / GB
-    return p in (v.quantize(p, rounding=ROUND_HALF_UP), v.quantize(p, rounding=ROUND_DOWN))
+    return matches_printed(Decimal(nbytes) / GB, printed)
 
 
 def test_matching_is_strict():

@@ -74,6 +74,36 @@ def start_moto() -> tuple[Any, str]:
     return server, f"http://{host}:{port}"
 
 
+def isolated_aws_env(monkeypatch: Any, tmp_path: Path, **values: str) -> dict[str, str]:
+    """Set ``values`` (dummy credentials, loopback endpoints) in the environment, with no profile,
+    session token or default region left over and no config files read from the home folder.
+    Returns the variables set."""
+    values = {"AWS_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true",
+              "AWS_CONFIG_FILE": str(tmp_path / "no-config"),
+              "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "no-credentials"), **values}
+    for key in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_DEFAULT_REGION"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in values.items():
+        monkeypatch.setenv(key, value)
+    return values
+
+
+def no_aws_credentials(monkeypatch: Any, tmp_path: Path, metadata_port: int) -> dict[str, str]:
+    """An environment with no AWS credentials anywhere, and an instance-metadata endpoint at
+    ``metadata_port`` (one that never answers is the worst case). Returns the variables set."""
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
+                "AWS_EC2_METADATA_DISABLED", "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+                "AWS_CONTAINER_CREDENTIALS_FULL_URI", "AWS_WEB_IDENTITY_TOKEN_FILE"):
+        monkeypatch.delenv(key, raising=False)
+    (tmp_path / "empty").write_text("")
+    environ = {"HOME": str(tmp_path), "AWS_CONFIG_FILE": str(tmp_path / "empty"),
+               "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "empty"),
+               "AWS_EC2_METADATA_SERVICE_ENDPOINT": f"http://127.0.0.1:{metadata_port}"}
+    for key, value in environ.items():
+        monkeypatch.setenv(key, value)
+    return environ
+
+
 def moto_client(service: str, endpoint: str, region: str = "us-east-1") -> Any:
     return boto3.client(service, endpoint_url=endpoint, region_name=region,
                         aws_access_key_id="testing", aws_secret_access_key="testing")

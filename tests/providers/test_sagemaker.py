@@ -46,7 +46,9 @@ from tests.fakes.sagemaker_server import (
     cuda_oom,
     execute,
     host_oom,
+    isolated_aws_env,
     moto_client,
+    no_aws_credentials,
     oom_only_in_failure_reason,
     start_moto,
     success,
@@ -126,18 +128,10 @@ def fake(moto: str, tmp_path: Path) -> Any:
 def aws_env(moto: str, fake: FakeSageMaker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
             ) -> dict[str, str]:
     """Dummy credentials, endpoints on loopback, no config files from the home folder."""
-    values = {
-        "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing-secret-value",
-        "AWS_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true",
-        "AWS_ENDPOINT_URL": moto, "AWS_ENDPOINT_URL_SAGEMAKER": fake.url,
-        "AWS_CONFIG_FILE": str(tmp_path / "no-config"),
-        "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "no-credentials"),
-    }
-    for key in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_DEFAULT_REGION"):
-        monkeypatch.delenv(key, raising=False)
-    for key, value in values.items():
-        monkeypatch.setenv(key, value)
-    return values
+    return isolated_aws_env(
+        monkeypatch, tmp_path, AWS_ACCESS_KEY_ID="testing",
+        AWS_SECRET_ACCESS_KEY="testing-secret-value", AWS_ENDPOINT_URL=moto,
+        AWS_ENDPOINT_URL_SAGEMAKER=fake.url)
 
 
 def provider(environ: dict[str, str] | None = None, **settings: Any) -> SageMakerProvider:
@@ -382,16 +376,7 @@ def test_no_credentials_fails_within_two_seconds_without_waiting_on_metadata(
     # An instance metadata address that accepts connections and never answers: the worst case.
     blackhole = socket.create_server(("127.0.0.1", 0))
     port = blackhole.getsockname()[1]
-    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
-                "AWS_EC2_METADATA_DISABLED", "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
-                "AWS_CONTAINER_CREDENTIALS_FULL_URI", "AWS_WEB_IDENTITY_TOKEN_FILE"):
-        monkeypatch.delenv(key, raising=False)
-    (tmp_path / "empty").write_text("")
-    environ = {"HOME": str(tmp_path), "AWS_CONFIG_FILE": str(tmp_path / "empty"),
-               "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "empty"),
-               "AWS_EC2_METADATA_SERVICE_ENDPOINT": f"http://127.0.0.1:{port}"}
-    for key, value in environ.items():
-        monkeypatch.setenv(key, value)
+    environ = no_aws_credentials(monkeypatch, tmp_path, port)
     p = provider(environ)
     request = p.dryrun(make_job(tmp_path))
     start = time.monotonic()
