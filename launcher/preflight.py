@@ -12,6 +12,7 @@ import os
 import tempfile
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from launcher.estimate.analytic import ModelShape, load_config, shape_from_params
 from launcher.estimate.calibration import model_key
@@ -57,6 +58,16 @@ def _counted(info: ScriptInfo, precision: str, optimizer: str, checkpointing: bo
                      note="activations are not estimated yet: the plan checks model states only")
 
 
+def _trace_options(spec: Spec, environ: dict[str, str]) -> dict[str, Any]:
+    """What every trace of a preflight shares (a recipe's, a Hugging Face config's): the sizes
+    fitted, the accumulation traced, the time limit, the spec's training settings."""
+    return dict(
+        micro_batch_sizes=(1, 2, 4), grad_accum_steps=2,
+        timeout_s=float(environ.get("LAUNCH_TRACE_TIMEOUT", DEFAULT_TRACE_TIMEOUT_S)),
+        max_grad_norm=spec.max_grad_norm, lr=spec.lr, weight_decay=spec.weight_decay,
+        seed=spec.seed, scale_depth=environ.get("LAUNCH_TRACE_DEPTH") != "full")
+
+
 def _traced(spec: Spec, info: ScriptInfo, precision: str, optimizer: str,
             variants: tuple[bool, ...], device: str, environ: dict[str, str]
             ) -> dict[bool, Footprint | UsageError]:
@@ -73,18 +84,16 @@ def _traced(spec: Spec, info: ScriptInfo, precision: str, optimizer: str,
     # The templates use the recipe's build_optimizer unless the optimizer is pinned: so does
     # the trace.
     pinned = spec.optimizer is not None or "build_optimizer" not in info.hooks
-    timeout = float(environ.get("LAUNCH_TRACE_TIMEOUT", DEFAULT_TRACE_TIMEOUT_S))
+    options = _trace_options(spec, environ)
+    timeout = options["timeout_s"]
     try:
         traces = trace_recipe_configs(
             # FLOPs from the plain variant: cost.py adds checkpointing's recomputation itself.
             spec.script, [{"activation_checkpointing": v,
                            "count_flops": info.flops_per_sample is None and not v}
                           for v in variants],
-            micro_batch_sizes=(1, 2, 4), precision=precision,
-            optimizer=optimizer if pinned else None, grad_accum_steps=2, device=device,
-            timeout_s=timeout, max_grad_norm=spec.max_grad_norm, lr=spec.lr,
-            weight_decay=spec.weight_decay, seed=spec.seed,
-            scale_depth=environ.get("LAUNCH_TRACE_DEPTH") != "full")
+            precision=precision, optimizer=optimizer if pinned else None, device=device,
+            **options)
     except TraceTimeout:
         return {v: replace(_counted(info, precision, optimizer, v),
                            note=f"the trace took longer than {timeout:.0f} s "
@@ -127,19 +136,17 @@ def _hf_traced(spec: Spec, shape: ModelShape, precision: str, optimizer: str,
 
     analytic = from_shape(shape, precision=precision, optimizer=optimizer,
                           checkpointing=checkpointing, kind="config")
-    timeout = float(environ.get("LAUNCH_TRACE_TIMEOUT", DEFAULT_TRACE_TIMEOUT_S))
+    options = _trace_options(spec, environ)
+    timeout = options["timeout_s"]
     if "note" not in failed:
         try:
             folder = (state_dir / "hf_recipes" if state_dir is not None
                       else Path(tempfile.mkdtemp(prefix="launch-hf-")))
             recipe = write_recipe(spec.model_config, shape.seq_len, folder)  # type: ignore
             trace = trace_recipe(
-                recipe, micro_batch_sizes=(1, 2, 4), precision=precision, optimizer=optimizer,
-                activation_checkpointing=checkpointing, grad_accum_steps=2,
-                device=device, timeout_s=timeout,  # type: ignore[arg-type]
-                max_grad_norm=spec.max_grad_norm, lr=spec.lr, weight_decay=spec.weight_decay,
-                seed=spec.seed,
-                **({"scale_depth": False} if environ.get("LAUNCH_TRACE_DEPTH") == "full" else {}))
+                recipe, precision=precision, optimizer=optimizer,
+                activation_checkpointing=checkpointing, device=device,  # type: ignore[arg-type]
+                **options)
         except TraceTimeout:
             failed["note"] = (f"tracing the config with transformers took longer than "
                               f"{timeout:.0f} s (LAUNCH_TRACE_TIMEOUT)")

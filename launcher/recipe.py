@@ -293,6 +293,16 @@ def _training_flops(module: Any) -> float | None:
         torch.set_grad_enabled(True)
 
 
+def probe_answer(script: Path | None, count_flops: bool = True) -> dict[str, Any]:
+    """The child's whole answer: the script's probe (none for a plain script) and, unless the
+    user's code failed, this machine's hardware. Also served by the estimator's prestarted
+    trace child (launcher.estimate.traced.probe)."""
+    answer = _probe(script, count_flops=count_flops) if script is not None else {}
+    if "error" not in answer:
+        answer["hardware"] = _hardware()
+    return answer
+
+
 def main(argv: list[str]) -> int:
     import argparse
 
@@ -300,9 +310,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--script", type=Path)
     parser.add_argument("--no-flops", action="store_true")
     args = parser.parse_args(argv)
-    answer = _probe(args.script, count_flops=not args.no_flops) if args.script else {}
-    if "error" not in answer:
-        answer["hardware"] = _hardware()
+    answer = probe_answer(args.script, count_flops=not args.no_flops)
     sys.stdout.write("\n" + json.dumps(answer) + "\n")
     return 0
 

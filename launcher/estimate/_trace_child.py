@@ -1475,10 +1475,7 @@ def _serve(request: dict[str, Any]) -> dict[str, Any]:
 
         script = Path(request["script"])
         os.chdir(script.parent)
-        answer = loader._probe(script, count_flops=request.get("count_flops", True))
-        if "error" not in answer:
-            answer["hardware"] = loader._hardware()
-        return answer
+        return loader.probe_answer(script, count_flops=request.get("count_flops", True))
     try:
         if "batch" in request:
             # Several configurations of one recipe in one process: torch is imported once.

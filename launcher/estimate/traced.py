@@ -218,6 +218,12 @@ def _memory(v: dict[str, int], optimizer_state_bytes: int) -> Memory:
     )
 
 
+def _depth_factor(count: int, depths: Any) -> float:
+    """How far along the line through the two traced depths the real depth lies."""
+    d0, d1 = depths
+    return (count - d0) / (d1 - d0)
+
+
 @dataclass(frozen=True)
 class ScaledTrace(TraceResult):
     """A trace of two depths of the model's stack of identical blocks, extrapolated to its real
@@ -239,7 +245,7 @@ class ScaledTrace(TraceResult):
     @classmethod
     def from_traces(cls, shallow: TraceResult, deep: TraceResult, blocks: dict[str, Any],
                     depths: tuple[int, int], **extra: Any) -> ScaledTrace:
-        k = (blocks["count"] - depths[0]) / (depths[1] - depths[0])
+        k = _depth_factor(blocks["count"], depths)
 
         def scale(name: str) -> int:
             a, b = getattr(shallow, name), getattr(deep, name)
@@ -268,8 +274,7 @@ class ScaledTrace(TraceResult):
     def phase_breakdowns_at(self, micro_batch: int) -> dict[str, dict[str, float]]:
         """Each phase's peak at the real depth: the two depths' extrapolated, per category."""
         assert self.shallow is not None and self.deep is not None
-        d0, d1 = self.blocks["traced_depths"]
-        k = (self.blocks["count"] - d0) / (d1 - d0)
+        k = _depth_factor(self.blocks["count"], self.blocks["traced_depths"])
         a = self.shallow.phase_breakdowns_at(micro_batch)
         b = self.deep.phase_breakdowns_at(micro_batch)
         return {phase: {c: max(0.0, a[phase][c] + k * (b[phase][c] - a[phase][c]))
@@ -665,11 +670,16 @@ def prestart(python: str | None = None) -> None:
 
 def _reap() -> None:
     for proc in _WARM.values():
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
+        _kill(proc)
         with contextlib.suppress(Exception):
             proc.communicate(timeout=5)
     _WARM.clear()
+
+
+def _kill(proc: subprocess.Popen[str]) -> None:
+    """Kill a trace child with its whole process group (its forked half, the user's threads)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
 
 
 def _spawn(python: str, warm: bool = False) -> subprocess.Popen[str]:
@@ -721,8 +731,7 @@ def probe(script: str | os.PathLike[str], *, count_flops: bool, timeout_s: float
             left = deadline - time.monotonic()
             if left <= 0:
                 _WARM.pop(python, None)
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
+                _kill(proc)
                 raise TimeoutError(f"loading {Path(script).name} took longer than {timeout_s:g} s")
             events = selector.select(timeout=min(left, 1.0))
             for key, _ in events:
@@ -744,8 +753,7 @@ def _run_child(request: dict[str, Any], timeout_s: float, python: str) -> dict[s
     try:
         stdout, stderr = proc.communicate(json.dumps(request) + "\n", timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
+        _kill(proc)
         proc.communicate()
         raise TraceTimeout(
             f"tracing {Path(request['recipe_file']).name} took longer than {timeout_s:g} s",

@@ -147,13 +147,13 @@ def per_gpu_memory(fp: Footprint, target: Target, strategy: str, nodes: int, gpu
             # the model states, not the activations, so the single device's peak (often the
             # optimizer step, where activations are gone) is not the sharded one (often the
             # backward pass): shard every phase, then take the largest.
-            sharded = _sharded_phases(fp.phases_at(micro), div, gather, accum)
-            if sharded:
-                phase_memory = max(sharded, key=lambda m: m.peak_allocated or 0)
-                params, grads, opt = (phase_memory.parameters, phase_memory.gradients,
-                                      phase_memory.optimizer)
-                activations, temporary = phase_memory.activations, phase_memory.temporary
-            peak = phase_memory.peak_allocated if sharded else None
+            worst = max(_sharded_phases(fp.phases_at(micro), div, gather, accum),
+                        key=lambda m: m.peak_allocated or 0, default=None)
+            peak = None
+            if worst is not None:
+                params, grads, opt = worst.parameters, worst.gradients, worst.optimizer
+                activations, temporary = worst.activations, worst.temporary
+                peak = worst.peak_allocated
         else:
             parts = (params, grads, opt, activations, temporary, gather)
             peak = None if any(p is None for p in parts) else (
@@ -180,11 +180,11 @@ def _sharded_phases(phases: dict[str, Memory], div: Callable[[int | None], int |
     shards it. Under bf16_mixed the single device's activations include autocast's bf16 copies
     of the weights, which FSDP replaces by its bf16 gathers (``gather``): counted twice, on the
     safe side (docs/benchmarks.md measures how much). Weights and optimizer state are divided
-    everywhere. Gradients too, except while
-    accumulating (the templates keep the whole unsharded gradient until the last micro-step).
-    Activations are the rank's own. Temporaries are the optimizer's foreach buffers in the
-    optimizer phase (sharded with the state) and activation gradients in forward and backward
-    (not sharded), where FSDP also holds its gathered units (``gather``).
+    everywhere; gradients too, except while accumulating (the templates keep the whole
+    unsharded gradient until the last micro-step). Activations are the rank's own.
+    Temporaries are the optimizer's foreach buffers in the optimizer phase (sharded with the
+    state) and activation gradients in forward and backward (not sharded), where FSDP also
+    holds its gathered units (``gather``, counted as temporary).
     """
     out = []
     for phase, m in phases.items():
@@ -193,14 +193,13 @@ def _sharded_phases(phases: dict[str, Memory], div: Callable[[int | None], int |
         if None in (m.parameters, m.gradients, m.optimizer, m.activations, m.temporary):
             return []
         compute = phase in ("forward", "backward")
+        params, opt = div(m.parameters), div(m.optimizer)
         grads = m.gradients if accum > 1 else div(m.gradients)
-        temporary = m.temporary if compute else div(m.temporary)
-        parts = (div(m.parameters), grads, div(m.optimizer), m.activations, temporary)
-        peak = sum(parts) + (gather if compute else 0)  # type: ignore[arg-type]
-        out.append(Memory(parameters=parts[0], gradients=grads, optimizer=parts[2],
-                          activations=m.activations, temporary=temporary + (
-                              gather if compute else 0),
-                          peak_allocated=peak))
+        temporary = m.temporary + gather if compute else div(m.temporary)
+        out.append(Memory(parameters=params, gradients=grads, optimizer=opt,
+                          activations=m.activations, temporary=temporary,
+                          peak_allocated=sum((params, grads, opt, m.activations,  # type: ignore
+                                              temporary))))
     return out
 
 
