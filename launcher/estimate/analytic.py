@@ -16,6 +16,18 @@ and its gradient (8 s V). Activation checkpointing of each layer (what the templ
 ``wrap_modules()`` blocks) keeps each layer's 2 s h input and recomputes one layer at a time.
 fp32 activations double every term. ``--params`` alone gives exact model states and says that
 activations are unknown.
+
+Encoder-decoder models (T5, mT5, BART, mBART, Whisper) have an encoder stack in front of the
+decoder stack that makes the logits (``encoder_layers`` in front of ``layers``). The decoder is
+``seq_len`` tokens long and the encoder is too, unless the config fixes the encoder's length
+(Whisper: ``max_source_positions`` audio frames after its convolutions, which the model checks),
+because a config names no target length and a plan has one ``--seq-len``. An encoder layer is
+the layer above at the encoder's length ``e``; a decoder layer adds cross-attention, whose query
+side keeps ``5 s h`` (its norm's output, the queries, the output projection's input and dropout
+mask) and whose keys and values, projected from the encoder's output in every layer, ``4 e h``
+(plus ``5 a s e`` without flash), and a third norm (``2 s h``). Whisper's convolution front end
+keeps its input and both convolutions' outputs and activations (``4 m e + 10 e h`` for ``m``
+mel bins).
 """
 
 from __future__ import annotations
@@ -29,7 +41,10 @@ from launcher.status import UsageError
 
 #: model_type values of decoder LLMs whose layers look like Llama's (RMSNorm, RoPE, GQA, SwiGLU).
 LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe", "gemma", "phi3")
-SUPPORTED = (*LLAMA_LIKE, "gpt2", "gpt_neox", "bert", "roberta")
+#: model_type values of encoder-decoder models: an encoder stack, then a decoder with
+#: cross-attention (T5 with its relative position biases; BART and Whisper with learned ones).
+ENCODER_DECODER = ("t5", "mt5", "bart", "mbart", "whisper")
+SUPPORTED = (*LLAMA_LIKE, "gpt2", "gpt_neox", "bert", "roberta", *ENCODER_DECODER)
 
 
 @dataclass(frozen=True)
@@ -50,6 +65,20 @@ class ModelShape:
     experts_per_token: int = 1
     layer_parameters: int | None = None  # one transformer block: the FSDP unit
     embedding_parameters: int | None = None
+    #: An encoder-decoder's encoder stack, in front of ``layers`` (its decoder, which makes the
+    #: logits); 0 for one stack (a decoder, or an encoder alone like BERT's).
+    encoder_layers: int = 0
+    #: The encoder's length where the config fixes it (Whisper's audio frames after the
+    #: convolutions); None: ``seq_len``, the same as the decoder's.
+    encoder_seq_len: int | None = None
+    #: The encoder's own weights (not the shared token embedding): they see the encoder's
+    #: tokens, the rest the decoder's, which matters for FLOPs when the two lengths differ.
+    encoder_parameters: int = 0
+    audio_channels: int = 0  # Whisper's mel bins: the convolution front end's input channels
+
+    @property
+    def encoder_decoder(self) -> bool:
+        return self.encoder_layers > 0
 
     @property
     def knows_activations(self) -> bool:
@@ -64,26 +93,52 @@ class ModelShape:
                             self.layers)
         assert None not in (s, h, a, i, v, n)
         scale = element_bytes / 2  # the formulas are for 16-bit activations
-        attention = 11 * s * h + (0 if flash else 5 * a * s * s)
-        # MoE: each token goes through experts_per_token experts' MLPs.
-        mlp = (2 * s * h + 8 * s * i if self.gated_mlp else 3 * s * h + 4 * s * i)
-        mlp *= self.experts_per_token
-        layer = (attention + mlp + 4 * s * h) * scale
+
+        def layer_at(t: int, cross: int = 0) -> float:
+            """One layer at length ``t``; ``cross``: attending to an encoder of that length."""
+            attention = 11 * t * h + (0 if flash else 5 * a * t * t)
+            # MoE: each token goes through experts_per_token experts' MLPs.
+            mlp = (2 * t * h + 8 * t * i if self.gated_mlp else 3 * t * h + 4 * t * i)
+            mlp *= self.experts_per_token
+            norms = 4 * t * h
+            if cross:
+                attention += 5 * t * h + 4 * cross * h + (0 if flash else 5 * a * t * cross)
+                norms += 2 * t * h
+            return (attention + mlp + norms) * scale
+
+        e, ne = self.encoder_seq_len or s, self.encoder_layers
+        layer = layer_at(s, cross=e if ne else 0)
         logits = s * v * (element_bytes + 8)
         edges = 4 * s * h * scale  # embedding output and the final norm
-        if checkpointing:
-            return int(n * 2 * s * h * scale + layer + logits + edges)
-        return int(n * layer + logits + edges)
+        kept = n * 2 * s * h * scale  # checkpointing: each layer's input
+        if ne:
+            edges += (4 * e * h + 4 * self.audio_channels * e + 10 * e * h * (
+                self.audio_channels > 0)) * scale
+            kept += ne * 2 * e * h * scale
+        if checkpointing:  # one layer recomputed at a time: the larger of the two kinds
+            return int(kept + max(layer, layer_at(e) if ne else 0) + logits + edges)
+        return int(n * layer + ne * layer_at(e) + logits + edges)
 
     def flops_per_sample(self, seq_len: int | None = None) -> float | None:
         """Training FLOPs of one sample: 6 N s + 12 L h s^2 (PaLM, Chowdhery et al. 2022, App. B),
-        with N the parameters a token goes through (MoE: only the routed experts)."""
+        with N the parameters a token goes through (MoE: only the routed experts).
+
+        Encoder-decoder: the encoder's weights see its ``e`` tokens and the rest the decoder's
+        ``s``; attention is 12 h (L_enc e^2 + L_dec s^2 + L_dec s e), the last term the
+        decoder's cross-attention."""
         s = seq_len or self.seq_len
         if s is None:
             return None
         active = self.active_parameters
-        attention = 12 * self.layers * self.hidden * s * s if self.layers and self.hidden else 0
-        return 6.0 * active * s + attention
+        if not self.encoder_decoder:
+            attention = (12 * self.layers * self.hidden * s * s if self.layers and self.hidden
+                         else 0)
+            return 6.0 * active * s + attention
+        e = self.encoder_seq_len or s
+        n, ne, h = self.layers or 0, self.encoder_layers, self.hidden or 0
+        encoder = self.encoder_parameters
+        attention = 12 * h * (ne * e * e + n * s * s + n * s * e)
+        return 6.0 * (encoder * e + (active - encoder) * s) + attention
 
     @property
     def active_parameters(self) -> int:
@@ -107,6 +162,8 @@ def shape_from_config(config: dict[str, Any], *, seq_len: int | None = None) -> 
     if kind not in SUPPORTED:
         raise UsageError(f"model_type {kind!r} is not one launch can size from its config",
                          f"supported: {', '.join(SUPPORTED)}; or give --params")
+    if kind in ENCODER_DECODER:
+        return _encoder_decoder_shape(config, kind, seq_len=seq_len)
     h = _get(config, "hidden_size", "n_embd", "d_model")
     n = _get(config, "num_hidden_layers", "n_layer", "num_layers")
     a = _get(config, "num_attention_heads", "n_head")
@@ -160,6 +217,78 @@ def shape_from_config(config: dict[str, Any], *, seq_len: int | None = None) -> 
     return ModelShape(parameters=total, model_type=kind, layers=n, hidden=h, heads=a, kv_heads=a,
                       intermediate=i, vocab=v, seq_len=s, gated_mlp=False,
                       layer_parameters=layer, embedding_parameters=embed)
+
+
+def _encoder_decoder_shape(config: dict[str, Any], kind: str, *, seq_len: int | None
+                           ) -> ModelShape:
+    """T5/mT5, BART/mBART and Whisper, as ``*ForConditionalGeneration`` builds them.
+
+    One token embedding is shared by the encoder, the decoder and (tied) the output layer. T5's
+    weights have no biases; its norms are a scale only, and the first layer of each stack holds
+    the relative position biases (buckets x heads). BART's and Whisper's layers have biases
+    (Whisper's key projection has none) and learned positions; BART keeps 2 more rows of
+    positions than ``max_position_embeddings`` (its offset), mBART adds a final norm to each
+    stack. Whisper's encoder starts with two convolutions over the mel bins, and its positions
+    cover ``max_source_positions`` frames.
+    """
+    h = _get(config, "d_model", "hidden_size")
+    v = _get(config, "vocab_size")
+    if kind in ("t5", "mt5"):
+        ne = _get(config, "num_layers", "num_hidden_layers")
+        a = _get(config, "num_heads", "num_attention_heads")
+    else:
+        ne = _get(config, "encoder_layers", "num_hidden_layers")
+        a = _get(config, "decoder_attention_heads", "num_attention_heads")
+    nd = _get(config, "num_decoder_layers", "decoder_layers", default=ne)
+    if None in (h, ne, a, v):
+        raise UsageError(f"the {kind} config lacks d_model, its layer counts, attention heads "
+                         "or vocab_size")
+    # Configs say tie_word_embeddings false for untied checkpoints (T5 v1.1, FLAN-T5, mT5): a
+    # run that loads one has its own output layer, whatever transformers builds from the config.
+    tied = config.get("tie_word_embeddings", True) is not False
+    embed = v * h
+    audio = 0
+    encoder_len = None
+    if kind in ("t5", "mt5"):
+        inner = a * _get(config, "d_kv", default=h // a)
+        i = _get(config, "d_ff", default=4 * h)
+        gated = str(config.get("feed_forward_proj", "gated-gelu" if kind == "mt5" else "relu")
+                    ).startswith("gated")
+        attention, mlp = 4 * h * inner, (3 if gated else 2) * h * i
+        bias = _get(config, "relative_attention_num_buckets", default=32) * a
+        enc_layer = attention + mlp + 2 * h
+        dec_layer = 2 * attention + mlp + 3 * h
+        encoder = ne * enc_layer + bias + h
+        decoder = nd * dec_layer + bias + h
+        largest = dec_layer + bias  # the first decoder block, with the position biases
+        positions = _get(config, "n_positions", "max_position_embeddings")
+    else:
+        i = _get(config, "decoder_ffn_dim", "intermediate_size", default=4 * h)
+        i_enc = _get(config, "encoder_ffn_dim", default=i)
+        gated = False
+        attention = 4 * (h * h + h) - (h if kind == "whisper" else 0)  # Whisper: no k bias
+        enc_layer = attention + (h * i_enc + i_enc) + (i_enc * h + h) + 4 * h
+        dec_layer = 2 * attention + (h * i + i) + (i * h + h) + 6 * h
+        final = 2 * h if kind in ("mbart", "whisper") else 0
+        if kind == "whisper":
+            audio = _get(config, "num_mel_bins", default=80)
+            encoder_len = _get(config, "max_source_positions", default=1500)
+            positions = _get(config, "max_target_positions", default=448)
+            front = (audio * h * 3 + h) + (h * h * 3 + h)  # two convolutions, kernel 3
+            encoder = front + encoder_len * h + ne * enc_layer + final
+            decoder = positions * h + nd * dec_layer + final
+        else:
+            positions = _get(config, "max_position_embeddings", default=1024)
+            # learned positions (2 rows of offset) and the embedding's norm, in each stack
+            encoder = (positions + 2) * h + 2 * h + ne * enc_layer + final
+            decoder = (positions + 2) * h + 2 * h + nd * dec_layer + final
+        largest = dec_layer
+    total = embed + encoder + decoder + (0 if tied else v * h)
+    return ModelShape(parameters=total, model_type=kind, layers=nd, hidden=h, heads=a,
+                      kv_heads=a, intermediate=i, vocab=v, seq_len=seq_len or positions,
+                      gated_mlp=gated, layer_parameters=largest, embedding_parameters=embed,
+                      encoder_layers=ne, encoder_seq_len=encoder_len,
+                      encoder_parameters=encoder, audio_channels=audio)
 
 
 def load_config(path: Path, *, seq_len: int | None = None) -> ModelShape:

@@ -13,13 +13,22 @@ reach it as data, in ``recipe.json`` next to it, never spliced into code. What i
   ``auto_map`` dropped: no remote code is ever run), with ``use_cache=False`` (training keeps no
   KV cache);
 - the model: the class named first in ``architectures`` when transformers has it and it is a
-  causal or masked language-model head (``LlamaForCausalLM``, ``BertForMaskedLM``); otherwise the
-  head ``AutoModelForMaskedLM`` maps the config to (encoders: BERT, RoBERTa), else the one
-  ``AutoModelForCausalLM`` does (decoder LLMs). fp32 weights whatever the config's ``dtype``
-  (the precision is the launch's to apply), in training mode;
+  causal, masked or sequence-to-sequence language-model head (``LlamaForCausalLM``,
+  ``BertForMaskedLM``, ``T5ForConditionalGeneration``); otherwise, for an encoder-decoder
+  config (T5, BART, Whisper), the head ``AutoModelForSeq2SeqLM`` maps it to, else
+  ``AutoModelForSpeechSeq2Seq``'s; for the others the head ``AutoModelForMaskedLM`` maps the
+  config to (encoders: BERT, RoBERTa), else the one ``AutoModelForCausalLM`` does (decoder
+  LLMs). fp32 weights whatever the config's ``dtype`` (the precision is the launch's to apply),
+  in training mode. A config that says ``tie_word_embeddings: false`` gets an output layer of
+  its own even where transformers ties it regardless (T5 and mT5 since transformers 5: their
+  FLAN-T5 and mT5 checkpoints hold both weights, and loading one unties them);
 - attention: ``sdpa``, what a GPU run of transformers uses by default (eager only for a model
   that does not support it, as transformers itself falls back);
-- ``example_batch(b)``: ``input_ids`` and ``labels`` of ``[b, seq_len]`` random token ids;
+- ``example_batch(b)``: ``input_ids`` and ``labels`` of ``[b, seq_len]`` random token ids; for
+  a sequence-to-sequence head, ``input_ids`` (Whisper: ``input_features``, ``[b, mel bins,
+  2 max_source_positions]``, the length its encoder requires) and ``decoder_input_ids`` and
+  ``labels`` of ``[b, seq_len]``: the decoder is as long as the encoder unless the config fixes
+  the encoder's length (the analytic estimate's assumption, launcher/estimate/analytic.py);
   ``training_step``: ``model(**batch).loss``;
 - ``wrap_modules()``: the block classes named by the model's ``_no_split_modules`` that repeat
   in a ``ModuleList`` (the decoder or encoder layers), found in the built model.
@@ -94,6 +103,19 @@ def _config():
     return config
 
 
+def _heads(*mappings):
+    return {name for mapping in mappings for names in mapping.values() for name in _names(names)}
+
+
+@functools.cache
+def _seq2seq_heads():
+    """Encoder-decoder heads with a language-model loss: text (T5, BART) and speech (Whisper)."""
+    from transformers.models.auto import modeling_auto
+
+    return _heads(modeling_auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES,
+                  modeling_auto.MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES)
+
+
 @functools.cache
 def _model_class():
     import transformers
@@ -101,12 +123,8 @@ def _model_class():
 
     config = _config()
     kind = config.model_type
-    heads = {
-        name
-        for mapping in (modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
-                        modeling_auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES)
-        for names in mapping.values() for name in _names(names)
-    }
+    heads = _heads(modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+                   modeling_auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES) | _seq2seq_heads()
     architectures = _names(_SETTINGS["config"].get("architectures"))
     if architectures:
         name = architectures[0]
@@ -116,16 +134,26 @@ def _model_class():
                 "(the config's architectures)")
         if name in heads:
             return getattr(transformers, name)
-    # No architectures, or a class without a language-model loss (BertModel): the LM head.
-    masked = _names(modeling_auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES.get(kind))
-    causal = _names(modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(kind))
-    if masked and not getattr(config, "is_decoder", False):
-        return getattr(transformers, masked[0])
-    if causal:
-        return getattr(transformers, causal[0])
+    # No architectures, or a class without a language-model loss (BertModel, T5Model): the LM
+    # head. An encoder-decoder's is its sequence-to-sequence head (BART also has a causal one:
+    # its decoder alone, not what the config describes).
+    candidates = []
+    if getattr(config, "is_encoder_decoder", False):
+        candidates += _names(modeling_auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES.get(kind))
+        candidates += _names(modeling_auto.MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES.get(kind))
+    elif not getattr(config, "is_decoder", False):
+        candidates += _names(modeling_auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES.get(kind))
+    if not candidates:
+        candidates += _names(modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(kind))
+    if candidates:
+        return getattr(transformers, candidates[0])
     raise UnknownArchitecture(
-        f"transformers {transformers.__version__} has no causal or masked language-model head "
-        f"for model_type {kind!r}")
+        f"transformers {transformers.__version__} has no causal, masked or sequence-to-sequence "
+        f"language-model head for model_type {kind!r}")
+
+
+def _is_seq2seq():
+    return _model_class().__name__ in _seq2seq_heads()
 
 
 def _unpacked(position_ids):
@@ -176,9 +204,25 @@ def build_model():
             raise
         # The model does not support SDPA: transformers (and so a GPU run) uses eager.
         model = cls._from_config(_config(), attn_implementation="eager")
+    _untie_output(model)
     model.train()
     _built[:] = [weakref.ref(model)]
     return model
+
+
+def _untie_output(model):
+    """The output layer a checkpoint whose config says tie_word_embeddings false loads with.
+
+    T5 and mT5 tie it to the input embedding whatever the config says (transformers 5), but
+    FLAN-T5's and mT5's checkpoints hold both weights, and loading one unties them: a training
+    run of such a model holds and trains both.
+    """
+    if _SETTINGS["config"].get("tie_word_embeddings") is not False:
+        return
+    output, inputs = model.get_output_embeddings(), model.get_input_embeddings()
+    if output is None or inputs is None or output.weight is not inputs.weight:
+        return
+    output.weight = torch.nn.Parameter(inputs.weight.detach().clone())
 
 
 def _vocab_size():
@@ -187,9 +231,31 @@ def _vocab_size():
     return int(text.vocab_size)
 
 
+def _tokens(batch_size):
+    return torch.randint(0, _vocab_size(), (batch_size, SEQ_LEN), dtype=torch.long)
+
+
 def example_batch(batch_size):
-    input_ids = torch.randint(0, _vocab_size(), (batch_size, SEQ_LEN), dtype=torch.long)
-    return {"input_ids": input_ids, "labels": input_ids.clone()}
+    input_ids = _tokens(batch_size)
+    if not _is_seq2seq():
+        return {"input_ids": input_ids, "labels": input_ids.clone()}
+    # Encoder-decoder: the decoder's inputs given (the labels shifted right, as the model would
+    # make them: the same bytes, and no start or pad token needed from the config).
+    decoder_ids = _tokens(batch_size)
+    batch = {"decoder_input_ids": decoder_ids, "labels": decoder_ids.clone()}
+    name = _model_class().main_input_name
+    if name == "input_ids":
+        batch["input_ids"] = input_ids
+        return batch
+    config = _config()
+    if name == "input_features" and hasattr(config, "num_mel_bins") and hasattr(
+            config, "max_source_positions"):
+        # Whisper: log-mel frames, exactly 2 per encoder position (its convolutions' stride);
+        # the model refuses any other length.
+        frames = 2 * config.max_source_positions
+        batch[name] = torch.randn(batch_size, config.num_mel_bins, frames)
+        return batch
+    raise UnknownArchitecture(f"no example batch for {_model_class().__name__}'s {name}")
 
 
 def training_step(model, batch):

@@ -1,5 +1,7 @@
 """Parameter counts from config.json against the published counts; activations by the formula."""
 
+from dataclasses import replace
+
 import pytest
 
 from launcher.estimate.analytic import shape_from_config, shape_from_params
@@ -59,3 +61,135 @@ def test_flash_attention_drops_the_quadratic_term_and_checkpointing_shrinks():
 
 def test_params_alone_leave_activations_unknown():
     assert shape_from_params(30_000_000_000).activation_bytes_per_sample() is None
+
+
+# Encoder-decoder models: the configs of the checkpoints named, as their config.json has them.
+T5_SMALL = {"model_type": "t5", "d_model": 512, "d_kv": 64, "d_ff": 2048, "num_layers": 6,
+            "num_heads": 8, "vocab_size": 32128, "relative_attention_num_buckets": 32,
+            "feed_forward_proj": "relu", "n_positions": 512}
+FLAN_T5_SMALL = {"model_type": "t5", "d_model": 512, "d_kv": 64, "d_ff": 1024, "num_layers": 8,
+                 "num_decoder_layers": 8, "num_heads": 6, "vocab_size": 32128,
+                 "relative_attention_num_buckets": 32, "feed_forward_proj": "gated-gelu",
+                 "tie_word_embeddings": False, "n_positions": 512}
+MT5_SMALL = {**FLAN_T5_SMALL, "model_type": "mt5", "vocab_size": 250112}
+BART_BASE = {"model_type": "bart", "d_model": 768, "encoder_layers": 6, "decoder_layers": 6,
+             "encoder_attention_heads": 12, "decoder_attention_heads": 12,
+             "encoder_ffn_dim": 3072, "decoder_ffn_dim": 3072, "vocab_size": 50265,
+             "max_position_embeddings": 1024}
+BART_LARGE = {**BART_BASE, "d_model": 1024, "encoder_layers": 12, "decoder_layers": 12,
+              "encoder_attention_heads": 16, "decoder_attention_heads": 16,
+              "encoder_ffn_dim": 4096, "decoder_ffn_dim": 4096}
+MBART_LARGE_CC25 = {**BART_LARGE, "model_type": "mbart", "vocab_size": 250027}
+WHISPER_TINY = {"model_type": "whisper", "d_model": 384, "encoder_layers": 4,
+                "decoder_layers": 4, "encoder_attention_heads": 6, "decoder_attention_heads": 6,
+                "encoder_ffn_dim": 1536, "decoder_ffn_dim": 1536, "vocab_size": 51865,
+                "num_mel_bins": 80, "max_source_positions": 1500, "max_target_positions": 448}
+
+
+@pytest.mark.parametrize("config,published", [
+    (T5_SMALL, 60_506_624),           # t5-small (T5ForConditionalGeneration, tied)
+    (FLAN_T5_SMALL, 76_961_152),      # google/flan-t5-small (its own output layer)
+    (MT5_SMALL, 300_176_768),         # google/mt5-small
+    (BART_BASE, 139_420_416),         # facebook/bart-base
+    (BART_LARGE, 406_291_456),        # facebook/bart-large
+    (MBART_LARGE_CC25, 610_851_840),  # facebook/mbart-large-cc25
+    (WHISPER_TINY, 37_760_640),       # openai/whisper-tiny
+], ids=["t5", "flan_t5", "mt5", "bart_base", "bart_large", "mbart", "whisper"])
+def test_encoder_decoder_parameter_count_is_exact(config, published):
+    assert shape_from_config(config).parameters == published
+
+
+#: Small configs with uneven stacks, so that an encoder counted as a decoder (or the other way
+#: round) shows. transformers builds each on the meta device (no memory) and counts.
+SMALL_ENCODER_DECODERS = {
+    "t5": {"model_type": "t5", "d_model": 64, "d_kv": 8, "d_ff": 96, "num_layers": 2,
+           "num_decoder_layers": 3, "num_heads": 4, "vocab_size": 256,
+           "relative_attention_num_buckets": 8},
+    "t5_gated": {"model_type": "t5", "d_model": 64, "d_kv": 16, "d_ff": 96, "num_layers": 3,
+                 "num_decoder_layers": 2, "num_heads": 4, "vocab_size": 256,
+                 "feed_forward_proj": "gated-gelu"},
+    "mt5": {"model_type": "mt5", "d_model": 64, "d_kv": 16, "d_ff": 96, "num_layers": 2,
+            "num_heads": 4, "vocab_size": 256},
+    "bart": {"model_type": "bart", "d_model": 64, "encoder_layers": 2, "decoder_layers": 3,
+             "encoder_attention_heads": 4, "decoder_attention_heads": 4, "encoder_ffn_dim": 96,
+             "decoder_ffn_dim": 128, "vocab_size": 256, "max_position_embeddings": 40},
+    "mbart": {"model_type": "mbart", "d_model": 64, "encoder_layers": 3, "decoder_layers": 2,
+              "encoder_attention_heads": 4, "decoder_attention_heads": 4,
+              "encoder_ffn_dim": 128, "decoder_ffn_dim": 128, "vocab_size": 256,
+              "max_position_embeddings": 40},
+    "whisper": {"model_type": "whisper", "d_model": 64, "encoder_layers": 2, "decoder_layers": 3,
+                "encoder_attention_heads": 4, "decoder_attention_heads": 4,
+                "encoder_ffn_dim": 128, "decoder_ffn_dim": 96, "vocab_size": 256,
+                "num_mel_bins": 16, "max_source_positions": 32, "max_target_positions": 48,
+                "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2,
+                "decoder_start_token_id": 1},
+}
+
+
+@pytest.mark.parametrize("name", SMALL_ENCODER_DECODERS)
+def test_encoder_decoder_count_is_transformers_own(name):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    config = SMALL_ENCODER_DECODERS[name]
+    head = (transformers.AutoModelForSpeechSeq2Seq if name == "whisper"
+            else transformers.AutoModelForSeq2SeqLM)
+    with torch.device("meta"):
+        model = head.from_config(transformers.AutoConfig.for_model(**config))
+    shape = shape_from_config(config)
+    assert shape.parameters == model.num_parameters()
+    # The FSDP unit: the largest block (a decoder layer, with its cross-attention).
+    blocks = [b for m in model.modules() if isinstance(m, torch.nn.ModuleList) for b in m]
+    assert shape.layer_parameters == max(sum(p.numel() for p in b.parameters()) for b in blocks)
+    encoder = model.get_encoder()
+    assert shape.encoder_parameters == sum(
+        p.numel() for n, p in encoder.named_parameters() if "embed_tokens" not in n)
+
+
+def test_encoder_decoder_lengths():
+    # T5 and BART: one --seq-len for both stacks, else the config's positions.
+    t5 = shape_from_config(T5_SMALL)
+    assert (t5.layers, t5.encoder_layers, t5.seq_len, t5.encoder_seq_len) == (6, 6, 512, None)
+    assert shape_from_config(BART_BASE, seq_len=256).seq_len == 256
+    # Whisper: the encoder is as long as its config says whatever the decoder's length.
+    whisper = shape_from_config(WHISPER_TINY, seq_len=128)
+    assert (whisper.seq_len, whisper.encoder_seq_len) == (128, 1500)
+    assert shape_from_config(WHISPER_TINY).seq_len == 448
+
+
+def test_encoder_decoder_activations():
+    s, h, a, v = 512, 512, 8, 32128
+    t5 = shape_from_config(T5_SMALL, seq_len=s)
+    flash = t5.activation_bytes_per_sample(flash=True)
+    eager = t5.activation_bytes_per_sample(flash=False)
+    # Without flash: the encoder's and the decoder's self-attention scores, and the decoder's
+    # cross-attention scores (queries of the decoder x keys of the encoder).
+    assert eager - flash == 6 * 5 * a * s * s + 6 * (5 * a * s * s + 5 * a * s * s)
+    # A decoder layer is an encoder layer plus cross-attention (5 s h + 4 e h) and a norm
+    # (2 s h); the encoder adds its embedding's output and final norm (4 e h) at the edges.
+    single = replace(t5, encoder_layers=0, layers=12)  # the same 12 layers, none crossing
+    assert flash - single.activation_bytes_per_sample() == (
+        6 * (5 * s * h + 4 * s * h + 2 * s * h) + 4 * s * h)
+    assert t5.activation_bytes_per_sample(element_bytes=4) > flash
+    ckpt = t5.activation_bytes_per_sample(checkpointing=True)
+    assert flash > ckpt > 12 * 2 * s * h + s * v * 10
+    # Whisper: a short decoder over a long encoder, and the convolution front end.
+    whisper = shape_from_config(WHISPER_TINY, seq_len=64)
+    longer = shape_from_config(WHISPER_TINY, seq_len=128)
+    assert longer.activation_bytes_per_sample() > whisper.activation_bytes_per_sample()
+    front = replace(whisper, audio_channels=0)
+    e, hw = 1500, 384
+    assert (whisper.activation_bytes_per_sample() - front.activation_bytes_per_sample()
+            == 4 * 80 * e + 10 * e * hw)
+
+
+def test_encoder_decoder_flops():
+    s, h = 512, 512
+    t5 = shape_from_config(T5_SMALL, seq_len=s)
+    # Both stacks s tokens long: 6 N s, and the attention of 6 encoder, 6 decoder self- and 6
+    # cross-attention layers.
+    assert t5.flops_per_sample() == 6 * t5.parameters * s + 12 * h * (6 + 6 + 6) * s * s
+    whisper = shape_from_config(WHISPER_TINY, seq_len=448)
+    e, d = 1500, 448
+    decoder = whisper.parameters - whisper.encoder_parameters
+    assert whisper.flops_per_sample() == 6 * (whisper.encoder_parameters * e + decoder * d) + (
+        12 * 384 * (4 * e * e + 4 * d * d + 4 * d * e))

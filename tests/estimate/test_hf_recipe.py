@@ -2,10 +2,10 @@
 
 ``launch plan train.py --model-config config.json`` with transformers installed writes a recipe
 for the config (launcher/estimate/hf_recipe.py) and traces it instead of using the analytic
-formulas. Checked here on a tiny Llama and a tiny BERT: the traced parameter count is
-transformers' own, and the traced peak is within 1% of a real CPU step of the same recipe
-(``measure_recipe``: the CPU allocator's own record). Each trace and measurement is a child
-process importing torch and transformers: a few seconds each.
+formulas. Checked here on a tiny Llama, a tiny BERT and a tiny T5 (encoder-decoder): the traced
+parameter count is transformers' own, and the traced peak is within 1% of a real CPU step of the
+same recipe (``measure_recipe``: the CPU allocator's own record). Each trace and measurement is a
+child process importing torch and transformers: a few seconds each.
 """
 
 from __future__ import annotations
@@ -40,6 +40,34 @@ TINY_BERT = {
     "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
     "vocab_size": 256, "max_position_embeddings": 64, "type_vocab_size": 2,
     "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1,
+}
+
+TINY_T5 = {
+    "architectures": ["T5ForConditionalGeneration"], "model_type": "t5", "d_model": 64,
+    "d_kv": 16, "d_ff": 128, "num_layers": 2, "num_decoder_layers": 2, "num_heads": 4,
+    "vocab_size": 256, "relative_attention_num_buckets": 8, "n_positions": 512,
+    "feed_forward_proj": "relu", "decoder_start_token_id": 0, "pad_token_id": 0,
+}
+#: Encoder-decoder configs the recipe builds in-process (tiny, real CPU tensors).
+SEQ2SEQ = {
+    "t5": (TINY_T5, "T5ForConditionalGeneration", ("T5Block",)),
+    # FLAN-T5's config: gated MLP, an output layer of its own; no architectures given.
+    "flan_t5": ({**{k: v for k, v in TINY_T5.items() if k != "architectures"},
+                 "feed_forward_proj": "gated-gelu", "tie_word_embeddings": False},
+                "T5ForConditionalGeneration", ("T5Block",)),
+    # BartModel has no loss: the recipe takes the sequence-to-sequence head, not BartForCausalLM.
+    "bart": ({"architectures": ["BartModel"], "model_type": "bart", "d_model": 64,
+              "encoder_layers": 2, "decoder_layers": 2, "encoder_attention_heads": 4,
+              "decoder_attention_heads": 4, "encoder_ffn_dim": 128, "decoder_ffn_dim": 128,
+              "vocab_size": 256, "max_position_embeddings": 64},
+             "BartForConditionalGeneration", ("BartDecoderLayer", "BartEncoderLayer")),
+    "whisper": ({"model_type": "whisper", "d_model": 64, "encoder_layers": 2,
+                 "decoder_layers": 2, "encoder_attention_heads": 4,
+                 "decoder_attention_heads": 4, "encoder_ffn_dim": 128, "decoder_ffn_dim": 128,
+                 "vocab_size": 256, "num_mel_bins": 16, "max_source_positions": 32,
+                 "max_target_positions": 64, "pad_token_id": 0, "bos_token_id": 1,
+                 "eos_token_id": 2, "decoder_start_token_id": 1},
+                "WhisperForConditionalGeneration", ("WhisperDecoderLayer", "WhisperEncoderLayer")),
 }
 
 
@@ -126,6 +154,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runs]:
         r.measure("llama")
         r.plan("bert", TINY_BERT)
         r.measure("bert")
+        r.plan("t5", TINY_T5)
+        r.measure("t5")
         unknown = {k: v for k, v in TINY_LLAMA.items() if k != "architectures"}
         r.plan("unknown", {**unknown, "model_type": UNKNOWN})
         yield r
@@ -148,8 +178,9 @@ def test_the_recipe_is_fixed_text_and_the_config_is_data(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name, config, head", [("llama", TINY_LLAMA, "AutoModelForCausalLM"),
-                                                ("bert", TINY_BERT, "AutoModelForMaskedLM")],
-                         ids=["llama", "bert"])
+                                                ("bert", TINY_BERT, "AutoModelForMaskedLM"),
+                                                ("t5", TINY_T5, "AutoModelForSeq2SeqLM")],
+                         ids=["llama", "bert", "t5"])
 def test_config_is_traced_through_transformers(runs, name, config, head):
     import transformers
 
@@ -166,7 +197,7 @@ def test_config_is_traced_through_transformers(runs, name, config, head):
     # The parameters are transformers' own count of the real model.
     model = getattr(transformers, head).from_config(transformers.AutoConfig.for_model(**config))
     assert footprint.parameters == model.num_parameters()
-    if name == "llama":
+    if name in ("llama", "t5"):
         assert footprint.parameters == shape.parameters  # and the analytic count agrees
 
     # The recipe was written under the state dir; a real CPU step of it is what was traced.
@@ -182,6 +213,38 @@ def test_config_is_traced_through_transformers(runs, name, config, head):
     chosen = runs.get(name).chosen
     assert chosen is not None and chosen.micro_batch_size == MICRO
     assert chosen.memory.peak_allocated == traced  # one CPU process: the footprint as traced
+
+
+@pytest.mark.parametrize("name", SEQ2SEQ)
+def test_encoder_decoder_recipe(tmp_path, name):
+    """The recipe of an encoder-decoder config builds its sequence-to-sequence head, feeds its
+    encoder and decoder, and holds the weights the analytic shape counts."""
+    pytest.importorskip("transformers")
+    import importlib.util
+
+    import torch
+
+    config, head, blocks = SEQ2SEQ[name]
+    path = write_recipe(_write(tmp_path, config), 16, tmp_path / "recipes")
+    spec = importlib.util.spec_from_file_location(f"hf_recipe_{name}", path)
+    assert spec is not None and spec.loader is not None
+    recipe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(recipe)
+    model = recipe.build_model()
+    assert type(model).__name__ == head and model.training
+    batch = recipe.example_batch(3)
+    assert batch["decoder_input_ids"].shape == batch["labels"].shape == (3, 16)
+    if name == "whisper":  # the encoder's length is the config's: 2 frames per position
+        assert batch["input_features"].shape == (3, 16, 64) and "input_ids" not in batch
+    else:
+        assert batch["input_ids"].shape == (3, 16)
+    loss = recipe.training_step(model, batch)
+    assert loss.ndim == 0 and torch.isfinite(loss)
+    assert sorted(t.__name__ for t in recipe.wrap_modules()) == sorted(blocks)
+    shape = analytic.shape_from_config(config, seq_len=16)
+    assert model.num_parameters() == shape.parameters
+    if name == "flan_t5":  # transformers ties T5's output layer regardless; the recipe unties
+        assert model.get_output_embeddings().weight is not model.get_input_embeddings().weight
 
 
 @pytest.mark.slow
