@@ -47,7 +47,7 @@ def _counted(info: ScriptInfo, precision: str, optimizer: str, checkpointing: bo
     states = model_states(info.parameters, precision, optimizer,
                           trainable=info.trainable_parameters)
 
-    def memory_at(_micro: int) -> Memory:
+    def memory_at(_micro: int, _accum: int = 1) -> Memory:
         return Memory(parameters=states.parameters, gradients=states.gradients,
                       optimizer=states.optimizer)
 

@@ -174,6 +174,10 @@ def _raise_for(answer: dict[str, Any], path: Path) -> None:
     """The user's error in the probe's answer, as one line with its file and line."""
     if "error" in answer:
         err = answer["error"]
+        if "what" not in err:  # the loading process died or failed, not the user's code raising
+            raise UsageError(f"could not load {path.name}: {err.get('message')}",
+                             "launch imports the script and runs build_model on the meta device;"
+                             " it must not exit or kill the process")
         where = f" ({Path(err['file']).name}:{err['line']})" if err.get("file") else ""
         raise UsageError(f"{err['what']} raised {err['type']}: {err['message']}{where}",
                          "fix the script and rerun")

@@ -7,14 +7,15 @@ effect of the user's script cannot take the CLI down with it.
 
 What the child does (docs/estimator.md explains why each step is there):
 
-1. Import the recipe, build the model, the optimizer and activation checkpointing exactly as the
-   training templates do (``trainer_templates/_model.py.j2``), all under ``FakeTensorMode``: every
-   tensor is a shape and a dtype, no memory is used, so a 7B model costs nothing.
-2. Run the templates' optimizer step (``trainer_templates/_loop.py.j2``) under a tracker with
-   the accounting of PyTorch's ``MemTracker`` that records, after every ATen op, the live bytes of
-   every category (parameters, buffers, gradients, activations, backward temporaries, optimizer
-   state): step 1 (optimizer state is created), the steady-state step at one size, and the
-   micro-batches alone at the other sizes (optionally in a second, forked process).
+1. Import the recipe and the training script ``launch`` renders for the strategy
+   (``_script``), and build the model, its wrapping and the optimizer with the script's own
+   functions, all under ``FakeTensorMode``: every tensor is a shape and a dtype, no memory is
+   used, so a 7B model costs nothing.
+2. Run the script's ``optimizer_step`` under a tracker with the accounting of PyTorch's
+   ``MemTracker`` that records, after every ATen op, the live bytes of every category
+   (parameters, buffers, gradients, activations, backward temporaries, optimizer state): step 1
+   (optimizer state is created), the steady-state step at one size, and the micro-batches alone
+   at the other sizes (the two parts in two worker processes, ``_workers``).
 3. Send the raw timelines back. The parent fits every point linearly in the micro-batch size
    (``launcher.estimate.traced._fit``).
 
@@ -27,23 +28,24 @@ bound.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
-import hashlib
 import importlib.util
 import json
 import math
 import os
-import random
 import resource
 import sys
 import time
 import traceback
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import torch
+
+from launcher.estimate import _script, _workers
 
 PRECISIONS = ("fp32", "bf16_mixed", "bf16")
 OPTIMIZERS = ("adamw", "sgd", "adafactor", "adam8bit")
@@ -62,32 +64,7 @@ class RecipeError(Exception):
 
 
 # ----------------------------------------------------------------------------------------------
-# The training step. It mirrors trainer_templates/_model.py.j2 and _loop.py.j2 line for line:
-# what is traced must be what runs. Change both together.
-
-
-def derive_seed(*parts: Any) -> int:
-    """The templates' seed derivation, so a real run here draws the same batches as the job."""
-    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") >> 1
-
-
-def seed_all(seed: int) -> None:
-    random.seed(seed)
-    torch.manual_seed(seed)
-
-
-def param_dtype(precision: str) -> torch.dtype | None:
-    """Weights are bf16 only under pure bf16; bf16_mixed keeps fp32 master weights."""
-    if precision not in PRECISIONS:
-        raise ValueError(f"unknown precision {precision!r} ({', '.join(PRECISIONS)})")
-    return torch.bfloat16 if precision == "bf16" else None
-
-
-def autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
-    if precision == "bf16_mixed":
-        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-    return contextlib.nullcontext()
+# The training step: the rendered script's own (``_script``); what is traced is what runs.
 
 
 def load_recipe(recipe_file: str) -> ModuleType:
@@ -105,35 +82,6 @@ def load_recipe(recipe_file: str) -> ModuleType:
         if not callable(getattr(recipe, hook, None)):
             raise RecipeError(f"{path.name} defines no {hook}()", str(path), None, "contract")
     return recipe
-
-
-def apply_checkpointing(model: torch.nn.Module, recipe: ModuleType) -> None:
-    """Non-reentrant checkpointing of the recipe's ``wrap_modules()`` blocks, as the templates."""
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
-        CheckpointImpl,
-        apply_activation_checkpointing,
-        checkpoint_wrapper,
-    )
-
-    if not callable(getattr(recipe, "wrap_modules", None)):
-        raise RecipeError(
-            "activation checkpointing needs wrap_modules() in the recipe (the block classes)",
-            getattr(recipe, "__file__", None), None, "contract",
-        )
-    block_types = tuple(recipe.wrap_modules())
-    if not any(isinstance(m, block_types) for m in model.modules()):
-        names = ", ".join(t.__name__ for t in block_types)
-        raise RecipeError(
-            f"the model has no module of wrap_modules() types ({names})",
-            getattr(recipe, "__file__", None), None, "contract",
-        )
-    apply_activation_checkpointing(
-        model,
-        checkpoint_wrapper_fn=functools.partial(
-            checkpoint_wrapper, checkpoint_impl=CheckpointImpl.NO_REENTRANT
-        ),
-        check_fn=lambda module: isinstance(module, block_types),
-    )
 
 
 #: A stack needs at least this many identical blocks before tracing a few of them pays off.
@@ -193,34 +141,118 @@ def truncate_blocks(model: torch.nn.Module, depth: int) -> dict[str, Any] | None
     return {"path": name or "<root>", "count": count, "depth": depth}
 
 
-def build_model(
-    recipe: ModuleType, precision: str, activation_checkpointing: bool, device: torch.device,
-    fake: bool = False, depth: int | None = None, blocks: dict[str, Any] | None = None,
-    strategy: dict[str, Any] | None = None,
-) -> torch.nn.Module:
-    """The templates' model: ``build_model()``, dtype and device, activation checkpointing.
+def build(request: dict[str, Any], recipe: ModuleType, device: torch.device, fake: bool,
+          blocks: dict[str, Any] | None = None) -> Step:
+    """The model and optimizer of the rendered script for ``request``, built by its own
+    ``build_model``, ``wrap_model`` and ``build_optimizer`` (``_script``).
 
-    ``depth`` (the estimator's depth scaling) keeps only the first ``depth`` blocks of the
-    model's repeated stack, right after it is built; ``blocks`` receives what was cut.
-    ``strategy`` (DDP, FSDP, hybrid sharding at a world size) wraps the model last, as the
-    templates' ``wrap_model`` does (``_trace_dist``).
+    The tracer makes the recipe's model itself and hands it over (``_script.Recipe``): with
+    ``depth`` (depth scaling) only the first ``depth`` blocks of its repeated stack are kept,
+    right after it is built, and ``blocks`` receives what was cut; on fake tensors it is moved to
+    the device and dtype first (``_fake_to``), since ``Module.to`` refuses fake parameters. A
+    ``strategy`` (DDP, FSDP, hybrid sharding at a world size) joins a fake process group of that
+    size as rank 0 (a real group, under ``_trace_dist``'s reference runs, is kept).
     """
-    model = recipe.build_model()
-    if depth is not None:
-        cut = truncate_blocks(model, depth)
-        if blocks is not None and cut is not None:
-            blocks.update(cut)
-    if fake:
-        _fake_to(model, device, param_dtype(precision))
-    else:
-        model.to(device=device, dtype=param_dtype(precision))
-    if activation_checkpointing:
-        apply_checkpointing(model, recipe)
+    strategy = request.get("strategy")
+    script, digest = _script.load(_strategy_name(request))
+    world, rank = 1, 0
     if strategy:
         from launcher.estimate import _trace_dist
 
-        model = _trace_dist.wrap(model, recipe, strategy, precision, device)
-    return model
+        _trace_dist.setup_world(strategy["world_size"])
+        world, rank = _trace_dist.world()
+    runtime = script.Runtime(rank=rank, local_rank=rank, world_size=world, device=device)
+    plan = script_plan(request)
+    script.seed_all(plan["seed"])  # as the script seeds every rank before building
+    model = recipe.build_model()
+    if not isinstance(model, torch.nn.Module):
+        raise RecipeError(f"build_model() must return a torch.nn.Module, not "
+                          f"{type(model).__name__}", request["recipe_file"], None, "contract")
+    if request.get("depth") is not None:
+        cut = truncate_blocks(model, request["depth"])
+        if blocks is not None and cut is not None:
+            blocks.update(cut)
+    if fake:
+        _fake_to(model, device, script.param_dtype(plan["precision"]))
+        model.to = lambda *args, **kwargs: model  # done just above; Module.to would refuse
+    proxy = _script.Recipe(recipe, model)
+    model = script.build_model(proxy, plan, runtime)
+    model.__dict__.pop("to", None)
+    model = script.wrap_model(model, proxy, plan, runtime)
+    saved = sys.modules.get("bitsandbytes")  # no CPU or fake kernels: the stand-in's state
+    sys.modules["bitsandbytes"] = _script.bitsandbytes_stand_in()
+    try:
+        optimizer = script.build_optimizer(proxy, plan, model)
+    finally:
+        if saved is None:
+            del sys.modules["bitsandbytes"]
+        else:
+            sys.modules["bitsandbytes"] = saved
+    if request.get("foreach") is not None and "foreach" in optimizer.defaults:
+        # the benchmark measures each implementation; a job uses torch's default
+        optimizer.defaults["foreach"] = request["foreach"]
+        for group in optimizer.param_groups:
+            group["foreach"] = request["foreach"]
+    return Step(script=script, digest=digest, recipe=proxy, plan=plan, runtime=runtime,
+                model=model, optimizer=optimizer)
+
+
+def _strategy_name(request: dict[str, Any]) -> str:
+    return (request.get("strategy") or {}).get("name", "single")
+
+
+def script_plan(request: dict[str, Any]) -> dict[str, Any]:
+    """The ``plan.json`` values the script's functions read, from a trace request."""
+    strategy = request.get("strategy") or {}
+    world = strategy.get("world_size", 1)
+    replicas = strategy.get("replicas", 1)
+    return {
+        "precision": request["precision"],
+        "activation_checkpointing": bool(request["activation_checkpointing"]),
+        "optimizer": request.get("optimizer") or "adamw",
+        "lr": request.get("lr", 3e-4),
+        "weight_decay": request.get("weight_decay", 0.0),
+        "max_grad_norm": request.get("max_grad_norm"),
+        "grad_accum_steps": int(request["grad_accum_steps"]),
+        "micro_batch_size": 1,
+        "seed": request.get("seed", 0),
+        "strategy": strategy.get("name", "single"),
+        "nodes": replicas,
+        "gpus_per_node": world // replicas,
+        "hybrid_shard_degree": world // replicas,
+        "reshard_after_forward": strategy.get("reshard_after_forward", True),
+    }
+
+
+@dataclasses.dataclass
+class Step:
+    """What the rendered script built for one trace: its module and the objects it made."""
+
+    script: ModuleType
+    digest: str
+    recipe: Any
+    plan: dict[str, Any]
+    runtime: Any
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+
+    def run(self, micro_batch: int, start: int, on_phase: Callable[[str, int], None],
+            update: bool = True) -> None:
+        """One optimizer step of the script (``optimizer_step``) at ``micro_batch``, its data the
+        script's own synthetic stream from micro-batch ``start``. ``update=False`` stops where
+        the optimizer would start and drops the gradients instead."""
+        plan = {**self.plan, "micro_batch_size": micro_batch}
+        batches = self.script.synthetic_stream(self.recipe, micro_batch, plan["seed"],
+                                               self.runtime, start)
+        progress = _script.Progress(on_phase, stop_at_optimizer=not update)
+        on_phase("forward", 1)  # the step's loss accumulator belongs to the step
+        with contextlib.suppress(_script.StopStep):
+            self.script.optimizer_step(self.model, self.optimizer, batches, self.recipe, plan,
+                                       self.runtime, progress)
+        del batches
+        if not update:
+            on_phase("zero_grad", 0)
+            self.optimizer.zero_grad(set_to_none=True)
 
 
 def _fake_to(model: torch.nn.Module, device: torch.device, dtype: torch.dtype | None) -> None:
@@ -306,116 +338,10 @@ class Adam8bitStandIn(torch.optim.Optimizer):
                 p.add_(p.grad, alpha=-group["lr"])
 
 
-def build_optimizer(
-    recipe: ModuleType, name: str | None, model: torch.nn.Module, lr: float, weight_decay: float,
-    foreach: bool | None = None,
-) -> torch.optim.Optimizer:
-    """The recipe's ``build_optimizer`` when ``name`` is None, else the named one (templates').
-
-    ``foreach`` is None in the templates (torch's default: foreach on CUDA, for-loop on the
-    CPU); the benchmark forces it to measure what each implementation costs.
-    """
-    params = [p for p in model.parameters() if p.requires_grad]
-    if name is None:
-        if callable(getattr(recipe, "build_optimizer", None)):
-            return recipe.build_optimizer(params)
-        name = "adamw"
-    if name == "adamw":
-        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, foreach=foreach)
-    if name == "sgd":
-        return torch.optim.SGD(params, lr=lr, momentum=0.9, weight_decay=weight_decay,
-                               foreach=foreach)
-    if name == "adafactor":
-        return torch.optim.Adafactor(params, lr=lr, weight_decay=weight_decay, foreach=foreach)
-    if name == "adam8bit":
-        return Adam8bitStandIn(params, lr=lr, weight_decay=weight_decay)
-    raise ValueError(f"unknown optimizer {name!r} ({', '.join(OPTIMIZERS)})")
-
-
-def move_to_device(batch: Any, device: torch.device, float_dtype: torch.dtype | None) -> Any:
-    """The templates' ``move_to_device``: floating inputs follow the weights under pure bf16."""
-    if isinstance(batch, torch.Tensor):
-        dtype = float_dtype if float_dtype is not None and batch.is_floating_point() else None
-        return batch.to(device=device, dtype=dtype)
-    if isinstance(batch, Mapping):
-        return {key: move_to_device(value, device, float_dtype) for key, value in batch.items()}
-    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
-        return type(batch)(*(move_to_device(value, device, float_dtype) for value in batch))
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(move_to_device(value, device, float_dtype) for value in batch)
-    return batch
-
-
-@contextlib.contextmanager
-def seeded(seed: int) -> Iterator[None]:
-    """Draw a batch under its own seed without moving the training random state (templates)."""
-    python_state = random.getstate()
-    with torch.random.fork_rng(devices=[]):
-        random.seed(seed)
-        torch.manual_seed(seed)
-        try:
-            yield
-        finally:
-            random.setstate(python_state)
-
-
-def synthetic_batches(recipe: ModuleType, batch_size: int, seed: int, start: int) -> Iterator[Any]:
-    """``example_batch`` micro-batches under the templates' per-index seeds (rank 0)."""
-    index = start
-    while True:
-        with seeded(derive_seed(seed, "example_batch", 0, index)):
-            batch = recipe.example_batch(batch_size)
-        yield batch
-        index += 1
-
-
-def optimizer_step(
-    recipe: ModuleType,
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    batches: Iterator[Any],
-    *,
-    precision: str,
-    device: torch.device,
-    accum: int,
-    max_grad_norm: float | None,
-    on_phase: Callable[[str], None] = lambda phase: None,
-    update: bool = True,
-) -> None:
-    """One optimizer step of the templates' loop: ``accum`` micro-batches, clip, step, zero.
-
-    ``update=False`` stops after the backward passes (gradients are dropped, the optimizer is not
-    run): the estimator uses it to trace the micro-batch-dependent part at more sizes without
-    paying for an optimizer step each time.
-    """
-    float_dtype = param_dtype(precision)
-    on_phase("forward")  # the loss accumulator belongs to the step, whatever ran before it
-    step_loss = torch.zeros((), device=device)
-    for _ in range(accum):
-        on_phase("forward")
-        batch = move_to_device(next(batches), device, float_dtype)
-        with autocast(precision, device):
-            micro_loss = recipe.training_step(model, batch)
-        on_phase("backward")
-        (micro_loss / accum).backward()
-        step_loss += micro_loss.detach().float()
-        del batch, micro_loss
-    on_phase("optimizer")
-    if update:
-        if max_grad_norm is not None:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
-        optimizer.step()
-    on_phase("zero_grad")
-    optimizer.zero_grad(set_to_none=True)
-    del step_loss
-
-
 def first_optimizer_step(
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
+    step: Step,
     *,
-    max_grad_norm: float | None,
-    on_phase: Callable[[str], None] = lambda phase: None,
+    on_phase: Callable[[str, int], None] = lambda phase, micro: None,
     on_grad: Callable[[torch.Tensor], None] = lambda grad: None,
 ) -> None:
     """The first optimizer step (its state gets created) with zero gradients put in place.
@@ -423,19 +349,20 @@ def first_optimizer_step(
     The micro-batches of step 1 see the memory of step 2's minus the optimizer state, so tracing
     them again adds nothing to the peak; only step 1's optimizer phase can differ from step 2's
     (state is allocated while gradients are alive), and for that only the gradients matter.
+    The clipping, update and ``zero_grad`` are the script's (``optimizer_step``'s tail).
     """
     from launcher.estimate import _trace_dist  # cheap: imports no torch.distributed
 
+    model, optimizer = step.model, step.optimizer
     if not _trace_dist.put_zero_grads(model, on_grad):  # DDP: views into its buckets
         for p in model.parameters():
             if p.requires_grad:
                 p.grad = torch.zeros_like(p)
                 on_grad(p.grad)
-    on_phase("optimizer")
-    if max_grad_norm is not None:
-        torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+    on_phase("optimizer", 0)
+    if step.plan["max_grad_norm"] is not None:
+        step.script.clip_gradients(model, step.plan["max_grad_norm"])
     optimizer.step()
-    on_phase("zero_grad")
     optimizer.zero_grad(set_to_none=True)
 
 
@@ -731,9 +658,13 @@ def _make_tracker(device_type: str, probe: ScratchProbe | None) -> Any:
 
         def track_model(self, model: torch.nn.Module) -> None:
             """Tag weights and buffers, and hook their gradients (MemTracker does both at each
-            module's first forward; step 1's optimizer phase runs before any forward)."""
+            module's first forward; step 1's optimizer phase runs before any forward). A frozen
+            weight (``requires_grad=False``: Whisper's encoder positions, a frozen backbone)
+            never has a gradient, and torch refuses a gradient hook on it: tagged, not hooked."""
             for p in model.parameters():
                 self.tag(p, _PARAM)
+                if not p.requires_grad:
+                    continue
                 self._hooks.append(p.register_hook(self._grad_hook))
                 self._hooks.append(p.register_post_accumulate_grad_hook(
                     lambda q: self.tag(q.grad, _GRAD)))
@@ -971,7 +902,14 @@ def _allow_fake_foreach() -> None:
             types.append(FakeTensor)
 
 
-_PHASE_CODES = {"build": 0, "forward": 1, "backward": 2, "optimizer": 3, "zero_grad": 4}
+#: The phases of the timeline. A micro-step after the first of a step runs with the earlier
+#: micro-steps' gradients alive: its forward and backward are phases of their own, which a plan
+#: without accumulation leaves out (``launcher.estimate.traced``).
+_PHASE_CODES = {"build": 0, "forward": 1, "backward": 2, "optimizer": 3, "zero_grad": 4,
+                "accum_forward": 5, "accum_backward": 6}
+#: The script's ``Progress`` phases, as timeline phases.
+_SCRIPT_PHASES = {"data": "forward", "forward": "forward", "backward": "backward",
+                  "optimizer": "optimizer", "zero_grad": "zero_grad"}
 
 
 def _trace(request: dict[str, Any], recipe: ModuleType, mode: str) -> dict[str, Any]:
@@ -992,8 +930,7 @@ def _trace(request: dict[str, Any], recipe: ModuleType, mode: str) -> dict[str, 
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     device = torch.device(request["trace_device"])
-    precision, accum = request["precision"], request["grad_accum_steps"]
-    traced_accum = min(accum, 2)  # micro-batches 3..k see exactly what micro-batch 2 sees
+    traced_accum = min(request["grad_accum_steps"], 2)  # micro-steps 3..k see what 2 sees
     seed = request.get("seed", 0)
     sizes = sorted(set(request["micro_batch_sizes"]))
     verify = sorted({b for b in request.get("verify_sizes", []) if b not in sizes})
@@ -1023,7 +960,10 @@ def _trace(request: dict[str, Any], recipe: ModuleType, mode: str) -> dict[str, 
     phase_cpu: dict[str, float] = {}
     clock = [time.process_time(), "build"]
 
-    def on_phase(name: str) -> None:
+    def on_phase(name: str, micro_step: int = 0) -> None:
+        name = _SCRIPT_PHASES.get(name, name)
+        if micro_step > 1 and name in ("forward", "backward"):
+            name = f"accum_{name}"
         now = time.process_time()
         phase_cpu[clock[1]] = phase_cpu.get(clock[1], 0.0) + now - clock[0]  # type: ignore[index]
         clock[:] = [now, name]
@@ -1045,16 +985,9 @@ def _trace(request: dict[str, Any], recipe: ModuleType, mode: str) -> dict[str, 
         t0 = time.perf_counter()
         segments[label] = tracker.start_segment()
         tracker.phase = 0
-        seed_all(seed)
-        model = build_model(
-            recipe, precision, request["activation_checkpointing"], device, fake=fake is not None,
-            depth=request.get("depth"), blocks=blocks,
-            strategy=request.get("strategy") and {**request["strategy"], "accum": traced_accum},
-        )
-        optimizer = build_optimizer(
-            recipe, request.get("optimizer"), model, request.get("lr", 3e-4),
-            request.get("weight_decay", 0.0), request.get("foreach"),
-        )
+        step = build({**request, "grad_accum_steps": traced_accum}, recipe, device,
+                     fake=fake is not None, blocks=blocks)
+        model, optimizer = step.model, step.optimizer
         tracker.track_model(model)
         params = list(model.parameters())
         facts["parameters"] = sum(p.numel() for p in params)
@@ -1071,10 +1004,7 @@ def _trace(request: dict[str, Any], recipe: ModuleType, mode: str) -> dict[str, 
             t0 = time.perf_counter()
             label = "step1"
             segments[label] = tracker.start_segment()
-            first_optimizer_step(
-                model, optimizer, max_grad_norm=request.get("max_grad_norm"),
-                on_phase=on_phase, on_grad=tracker.track_as_gradient,
-            )
+            first_optimizer_step(step, on_phase=on_phase, on_grad=tracker.track_as_gradient)
             tracker.stop_segment()
             timings["step1_s"] = time.perf_counter() - t0
             # Exact model-state bytes as counted (rounding included): gradients just before
@@ -1082,23 +1012,20 @@ def _trace(request: dict[str, Any], recipe: ModuleType, mode: str) -> dict[str, 
             facts["gradient_bytes"] = boundary["step1"][cats.index("GRAD")]
             facts["optimizer_state_bytes"] = tracker.current()[cats.index("OPT")]
 
-        seed_all(derive_seed(seed, "train", 0))
+        step.script.seed_all(step.script.derive_seed(seed, "train", step.runtime.rank))
         index = 0
+        # the script's optimizer step ends in zero_grad right after the update
+        zero_grad = optimizer.register_step_post_hook(lambda *_: on_phase("zero_grad"))
         for b in ([b0] if "step" in parts else []) + micro_sizes:
             t0, c0 = time.perf_counter(), time.process_time()
             label = f"b{b}"
-            batches = synthetic_batches(recipe, b, seed, index)
-            index += traced_accum
+            start, index = index, index + traced_accum
             segments[label] = tracker.start_segment()
             # Training FLOPs (count_flops): forward and backward of the steady step's
             # micro-batches, per sample (matmul and attention FLOPs are linear in the batch).
             count = bool(request.get("count_flops")) and b == b0 and "step" in parts
             tracker.flops = 0.0 if count else None
-            optimizer_step(
-                recipe, model, optimizer, batches, precision=precision,
-                device=device, accum=traced_accum, max_grad_norm=request.get("max_grad_norm"),
-                on_phase=on_phase, update=b == b0 and "step" in parts,
-            )
+            step.run(b, start, on_phase, update=b == b0 and "step" in parts)
             if count:
                 facts["flops_per_sample"] = (tracker.flops or None) and (
                     tracker.flops / (traced_accum * b0))
@@ -1107,12 +1034,14 @@ def _trace(request: dict[str, Any], recipe: ModuleType, mode: str) -> dict[str, 
             timings[f"{label}_s"] = time.perf_counter() - t0
             timings[f"{label}_cpu_s"] = time.process_time() - c0
         on_phase("build")  # close the last phase's clock
-        del model, optimizer, params
+        zero_grad.remove()
+        del model, optimizer, params, step
     timings.update({f"{k}_cpu_s": v for k, v in phase_cpu.items() if k != "build"})
     result: dict[str, Any] = {
         "categories": cats,
         "b0": b0,
         "traced_accum": traced_accum,
+        "script_sha256": _script.load(_strategy_name(request))[1],
         "facts": facts,
         "timings": timings,
         "boundary": {k: list(v) for k, v in boundary.items()},
@@ -1257,10 +1186,10 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
     """Answer one request (see ``launcher.estimate.traced.trace_recipe``)."""
     started = time.perf_counter()
     recipe_file = request["recipe_file"]
-    torch.set_num_threads(max(1, min(torch.get_num_threads(), 4)))
     notes = _configure_device(request)
     try:
-        seed_all(request.get("seed", 0))
+        # the script seeds every rank before it imports the recipe (random numbers at import)
+        _script.load(_strategy_name(request))[0].seed_all(request.get("seed", 0))
         recipe = load_recipe(recipe_file)
     except RecipeError as exc:
         return {"ok": False, "error": _describe(exc, recipe_file)}
@@ -1328,26 +1257,15 @@ def measure(request: dict[str, Any]) -> dict[str, Any]:
         recipe = load_recipe(recipe_file)
     except BaseException as exc:  # noqa: BLE001
         return {"ok": False, "error": _describe(exc, recipe_file)}
-    device = torch.device("cpu")
     b, accum, seed = request["micro_batch"], request["grad_accum_steps"], request.get("seed", 0)
-    step = dict(precision=request["precision"], device=device, accum=accum,
-                max_grad_norm=request.get("max_grad_norm"))
     try:
         with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-            seed_all(seed)
-            model = build_model(recipe, request["precision"], request["activation_checkpointing"],
-                                device, strategy=request.get("strategy") and {
-                                    **request["strategy"], "accum": accum})
-            optimizer = build_optimizer(
-                recipe, request.get("optimizer"), model, request.get("lr", 3e-4),
-                request.get("weight_decay", 0.0), request.get("foreach"),
-            )
-            model.train()
-            seed_all(derive_seed(seed, "train", 0))
+            step = build(request, recipe, torch.device("cpu"), fake=False)
+            step.model.train()
+            step.script.seed_all(step.script.derive_seed(seed, "train", step.runtime.rank))
             for index in (0, accum):
-                optimizer_step(recipe, model, optimizer,
-                               synthetic_batches(recipe, b, seed, index), **step)
-            del model, optimizer
+                step.run(b, index, lambda phase, micro: None)
+            del step
     except BaseException as exc:  # noqa: BLE001
         return {"ok": False, "error": _describe(exc, recipe_file)}
     events = cpu_allocation_events(prof)
@@ -1395,47 +1313,26 @@ def _weights_bytes(recipe: ModuleType, request: dict[str, Any]) -> int | None:
 
 
 def _answer(request: dict[str, Any]) -> dict[str, Any]:
+    """One configuration, in workers (``_workers``): its "step" and "micro" parts in two at once
+    when the parent asked for the split, else all of it in one."""
+    if request.get("fork_parts"):
+        parts = [{**request, "parts": [part], "fork_parts": False} for part in ("step", "micro")]
+        return {"ok": True, "split": _workers.run_all(parts, _work)}
+    return _workers.run_all([request], _work)[0]
+
+
+def _work(request: dict[str, Any]) -> dict[str, Any]:
+    """What a worker process does with its request (it runs the user's code)."""
+    if request.get("action") == "probe":
+        # launcher.recipe's probe, as its own child would run it (in the script's folder)
+        from launcher import recipe as loader
+
+        script = Path(request["script"])
+        os.chdir(script.parent)
+        return loader.probe_answer(script, count_flops=request.get("count_flops", True))
     if request.get("action") == "measure":
         return measure(request)
-    if request.get("fork_parts"):
-        return _forked(request)
     return run(request)
-
-
-def _forked(request: dict[str, Any]) -> dict[str, Any]:
-    """Run the "step" and "micro" parts of a trace in two processes forked from this one.
-
-    torch is already imported here (seconds of CPU), so the fork saves one import over starting
-    two interpreters; nothing has run yet, so no thread pool is forked half-alive. The parts are
-    independent; the parent (launcher.estimate.traced._join) joins their timelines.
-    """
-    # Import the recipe once before forking, so that what it imports (transformers: seconds)
-    # is shared by both processes. Each still executes the recipe file itself (``run``), so no
-    # state of one trace reaches another; an error here is reported by ``run`` in both.
-    with contextlib.suppress(BaseException):
-        seed_all(request.get("seed", 0))
-        load_recipe(request["recipe_file"])
-    read_fd, write_fd = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the micro-batch part
-        os.close(read_fd)
-        try:
-            answer = run({**request, "parts": ["micro"], "fork_parts": False})
-        except BaseException as exc:  # noqa: BLE001
-            answer = {"ok": False, "error": {"message": f"{type(exc).__name__}: {exc}",
-                                             "file": None, "line": None, "kind": "internal"}}
-        with os.fdopen(write_fd, "w") as out:
-            out.write(json.dumps(answer))
-        os._exit(0)
-    os.close(write_fd)
-    step = run({**request, "parts": ["step"], "fork_parts": False})
-    with os.fdopen(read_fd) as inp:
-        text = inp.read()
-    _, status = os.waitpid(pid, 0)
-    if not text:
-        return {"ok": False, "error": {"message": f"the forked trace process died ({status})",
-                                       "file": None, "line": None, "kind": "crash"}}
-    return {"ok": True, "split": [step, json.loads(text)]}
 
 
 def _warm_up() -> None:
@@ -1453,12 +1350,17 @@ def _warm_up() -> None:
 
 
 def main() -> None:
+    if sys.argv[1:] == ["--worker"]:  # a worker spawned by ``_workers``: one request, one answer
+        sys.stdout.write(json.dumps(_workers.work(json.loads(sys.stdin.read()), _work)))
+        return
     # The protocol owns the real stdout; anything the user's code prints goes to stderr.
     protocol = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
     sys.stdout = sys.stderr
+    _workers.prepare()  # before any op: this process forks the workers
     if os.environ.get("LAUNCH_TRACE_WARM") == "1":
         _warm_up()  # started ahead of its request: use the wait
+        _workers.mark_baseline()
     # One JSON request per line, one answer line each, until end of input: a prestarted child
     # first loads the recipe for the CLI (``probe``), then traces it. A child started ahead
     # and never asked (the parent is gone, or did not need a trace) just reads the end.
@@ -1469,28 +1371,27 @@ def main() -> None:
 
 
 def _serve(request: dict[str, Any]) -> dict[str, Any]:
-    if request.get("action") == "probe":
-        # launcher.recipe's probe, as its own child would run it (in the script's folder)
-        from launcher import recipe as loader
-
-        script = Path(request["script"])
-        os.chdir(script.parent)
-        return loader.probe_answer(script, count_flops=request.get("count_flops", True))
+    """One request of the line protocol. Everything that runs the user's code runs in workers;
+    this process only imports the packages the recipe names, to share them with its workers."""
     try:
+        recipe_file = request.get("script") or request.get("recipe_file") or next(
+            (item.get("recipe_file") for item in request.get("batch", ())), None)
+        if recipe_file:
+            _workers.preimport(recipe_file)
+        if request.get("action") == "probe":
+            return _workers.run_all([request], _work)[0]
         if "batch" in request:
-            # Several configurations of one recipe in one process: torch is imported once.
+            # Several configurations of one recipe from one process: torch is imported once.
             common = {k: v for k, v in request.items() if k != "batch"}
-            answer = {"ok": True, "batch": [_answer({**common, **item})
-                                            for item in request["batch"]]}
-        else:
-            answer = _answer(request)
+            return {"ok": True, "batch": [_answer({**common, **item})
+                                          for item in request["batch"]]}
+        return _answer(request)
     except BaseException as exc:  # noqa: BLE001 - a bug here must still answer in JSON
-        answer = {
+        return {
             "ok": False,
             "error": {"message": f"{type(exc).__name__}: {exc}", "file": None, "line": None,
                       "kind": "internal", "traceback": traceback.format_exc()},
         }
-    return answer
 
 
 if __name__ == "__main__":

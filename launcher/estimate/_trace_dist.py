@@ -6,11 +6,12 @@ single-device trace must not pay for DTensor's import.
 
 ``setup_world(N)`` joins a *fake* process group of ``N`` ranks as rank 0
 (``torch.testing._internal.distributed.fake_pg``: every collective returns at once and moves no
-data). ``wrap(model, recipe, strategy, precision, device)`` then applies to the model exactly what
-the training templates apply (``trainer_templates/ddp.py.j2``, ``_fully_shard.py.j2``,
-``fsdp.py.j2``, ``hybrid_shard.py.j2``; change them together), so the tracker sees the memory of
-rank 0 of that world: DDP's gradient buckets, FSDP's shards, all-gathered blocks and
-reduce-scatter buffers, each at its real size for that world size.
+data). The rendered script's own ``wrap_model`` then wraps the model (``launcher.estimate._script``:
+DDP, FSDP2, hybrid sharding exactly as a job does), with two pieces of transport from here:
+``data_parallel`` (DDP's constructor in a fake world) and ``init_device_mesh`` (the mesh built
+outside the trace's modes). So the tracker sees the memory of rank 0 of that world: DDP's
+gradient buckets, FSDP's shards, all-gathered blocks and reduce-scatter buffers, each at its
+real size for that world size.
 
 Rank 0 is traced. DDP ranks are identical. FSDP2 pads every parameter's shard to the same size
 on every rank (``ceil(dim0 / shards)`` rows), so parameters, gradients and the all-gather and
@@ -19,8 +20,8 @@ reduce-scatter buffers are the same on all ranks; only the optimizer state, whic
 by the shard count. Rank 0 holds the largest shard, so its peak is the largest.
 
 Under a real process group (``torch.distributed`` already initialised, e.g. gloo in the
-benchmark's reference runs) ``wrap`` uses that group unchanged: the same code wraps the traced
-and the measured model.
+benchmark's reference runs) the same script functions run over that group unchanged: the same
+code wraps the traced and the measured model.
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ from __future__ import annotations
 import contextlib
 import sys
 from collections.abc import Callable, Iterator
-from types import ModuleType
 from typing import Any
 
 import torch
@@ -85,75 +85,34 @@ def device_mesh(device_type: str, shape: tuple[int, ...], names: tuple[str, ...]
     return _MESHES[key]
 
 
-def validate(strategy: dict[str, Any]) -> dict[str, Any]:
-    """The strategy dict, checked and completed (``replicas`` 1 unless hybrid)."""
-    name = strategy.get("name")
-    if name not in STRATEGIES:
-        raise ValueError(f"strategy name must be one of {', '.join(STRATEGIES)}, got {name!r}")
-    world = strategy.get("world_size")
-    if not isinstance(world, int) or world < 1:
-        raise ValueError(f"strategy world_size must be a positive integer, got {world!r}")
-    replicas = strategy.get("replicas", 1) if name == "hybrid_shard" else 1
-    if not isinstance(replicas, int) or replicas < 1 or world % replicas:
-        raise ValueError(f"hybrid_shard replicas ({replicas!r}) must divide world_size ({world})")
-    accum = strategy.get("accum", 1)
-    if not isinstance(accum, int) or accum < 1:
-        raise ValueError(f"strategy accum must be a positive integer, got {accum!r}")
-    return {**strategy, "name": name, "world_size": world, "replicas": replicas,
-            "reshard_after_forward": bool(strategy.get("reshard_after_forward", True)),
-            "accum": accum}
-
-
-def wrap(
-    model: torch.nn.Module, recipe: ModuleType, strategy: dict[str, Any], precision: str,
-    device: torch.device,
-) -> torch.nn.Module:
-    """Wrap ``model`` (built, cast, checkpoint-wrapped) as the template of ``strategy`` does.
-
-    ``strategy``: ``{"name": "ddp" | "fsdp" | "hybrid_shard", "world_size": N,
-    "replicas": R (hybrid: R replicas of N / R shards), "reshard_after_forward": bool,
-    "accum": micro-batches per optimizer step in this process}``. ``accum`` > 1 reproduces the
-    templates' ``gradient_sync``: gradients are reduced only on the last micro-batch of a step
-    (DDP's ``no_sync()``, FSDP's ``set_requires_gradient_sync(False)`` before).
-    """
+def world() -> tuple[int, int]:
+    """(world size, rank) of the process group this process is in."""
     import torch.distributed as dist
 
-    strategy = validate(strategy)
-    world = strategy["world_size"]
-    if not dist.is_initialized() or is_fake_world():
-        setup_world(world)  # (a fake world of another size is rebuilt)
-    elif dist.get_world_size() != world:
-        raise ValueError(f"the process group has {dist.get_world_size()} ranks, the strategy "
-                         f"{world}")
-    if strategy["name"] == "ddp":
-        model = _ddp(model, device)
-        sync: Callable[[bool], None] = _ddp_sync(model)
-    else:
-        shards = world // strategy["replicas"]
-        if strategy["name"] == "fsdp":
-            mesh = device_mesh(device.type, (world,), ("shard",))
-        else:
-            mesh = device_mesh(device.type, (strategy["replicas"], shards),
-                               ("replicate", "shard"))
-        model = _fully_shard(model, recipe, mesh, precision, strategy["reshard_after_forward"])
-        sync = model.set_requires_gradient_sync  # type: ignore[assignment]
-    _gradient_sync_per_micro_batch(model, strategy["accum"], sync)
-    return model
+    return dist.get_world_size(), dist.get_rank()
+
+
+def init_device_mesh(device_type: str, mesh_shape: tuple[int, ...], *,
+                     mesh_dim_names: tuple[str, ...]) -> Any:
+    """The script's ``init_device_mesh``, built outside the trace's modes, once per shape."""
+    return device_mesh(device_type, tuple(mesh_shape), tuple(mesh_dim_names))
 
 
 # ----------------------------------------------------------------------------------------------
 # DDP (trainer_templates/ddp.py.j2)
 
 
-def _ddp(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+def data_parallel(module: torch.nn.Module, *args: Any, **kwargs: Any) -> torch.nn.Module:
+    """The script's ``DistributedDataParallel``, with the script's own arguments: as it is under
+    a real group; in a fake world without the constructor's cross-rank check, with the default
+    all-reduce as a hook whose future holds the bucket, and without the one-time bucket rebuild
+    (each explained below: none changes what DDP allocates)."""
     from torch.nn.parallel import DistributedDataParallel
 
-    # the templates pass the rank's own GPU; a trace's device has no index: rank 0's
-    device_ids = [device.index or 0] if device.type == "cuda" else None
     if not is_fake_world():
-        return DistributedDataParallel(model, device_ids=device_ids, gradient_as_bucket_view=True)
+        return DistributedDataParallel(module, *args, **kwargs)
     with _fake_ddp_init():
-        ddp = DistributedDataParallel(model, device_ids=device_ids, gradient_as_bucket_view=True)
+        ddp = DistributedDataParallel(module, *args, **kwargs)
     _fake_allreduce(ddp)
     _skip_bucket_rebuild(ddp)
     return ddp
@@ -227,14 +186,6 @@ def _skip_bucket_rebuild(ddp: Any) -> None:
     ddp._pre_forward = _pre_forward
 
 
-def _ddp_sync(ddp: Any) -> Callable[[bool], None]:
-    def sync(enabled: bool) -> None:
-        # what ``no_sync()`` sets; DDP reads it in its forward
-        ddp.require_backward_grad_sync = enabled
-
-    return sync
-
-
 def put_zero_grads(model: torch.nn.Module, on_grad: Callable[[torch.Tensor], None]) -> bool:
     """Step 1 of the trace puts zero gradients in place instead of running micro-batches. Under
     DDP with ``gradient_as_bucket_view`` the gradients a real backward leaves are views into the
@@ -253,82 +204,6 @@ def put_zero_grads(model: torch.nn.Module, on_grad: Callable[[torch.Tensor], Non
         if p.grad is not None:
             on_grad(p.grad)
     return True
-
-
-# ----------------------------------------------------------------------------------------------
-# FSDP2 full and hybrid sharding (trainer_templates/_fully_shard.py.j2, _blocks.py.j2)
-
-
-def precision_policy(precision: str) -> Any:
-    try:
-        from torch.distributed.fsdp import MixedPrecisionPolicy
-    except ImportError:  # before torch 2.6
-        from torch.distributed._composable.fsdp import MixedPrecisionPolicy
-
-    if precision == "bf16_mixed":
-        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    return MixedPrecisionPolicy()
-
-
-def block_types(model: torch.nn.Module, recipe: ModuleType) -> tuple[type, ...]:
-    """The templates' ``block_types``: ``wrap_modules()``, else the largest repeated class."""
-    if callable(getattr(recipe, "wrap_modules", None)):
-        return tuple(recipe.wrap_modules())
-    count: dict[type, int] = {}
-    size: dict[type, int] = {}
-    for container in model.modules():
-        if isinstance(container, (torch.nn.ModuleList, torch.nn.Sequential)):
-            for child in container:
-                numel = sum(p.numel() for p in child.parameters())
-                if numel:
-                    count[type(child)] = count.get(type(child), 0) + 1
-                    size[type(child)] = numel
-    repeated = [t for t, n in count.items() if n > 1]
-    if not repeated:
-        return ()
-    return (max(repeated, key=lambda t: size[t]),)
-
-
-def _fully_shard(
-    model: torch.nn.Module, recipe: ModuleType, mesh: Any, precision: str,
-    reshard_after_forward: bool,
-) -> torch.nn.Module:
-    try:
-        from torch.distributed.fsdp import fully_shard
-    except ImportError:  # before torch 2.6
-        from torch.distributed._composable.fsdp import fully_shard
-
-    options = {"mesh": mesh, "mp_policy": precision_policy(precision),
-               "reshard_after_forward": reshard_after_forward}
-    types = block_types(model, recipe)
-    blocks = [m for m in model.modules() if isinstance(m, types)] if types else []
-    for block in reversed(blocks):  # innermost first, as nested units must be
-        fully_shard(block, **options)
-    fully_shard(model, **options)
-    return model
-
-
-# ----------------------------------------------------------------------------------------------
-# The templates' gradient_sync
-
-
-def _gradient_sync_per_micro_batch(
-    model: torch.nn.Module, accum: int, sync: Callable[[bool], None]
-) -> None:
-    """The loop wraps each micro-batch in ``gradient_sync(model, micro_step == accum)``; the
-    trace's loop (``_trace_child.optimizer_step``) does not know about strategies, so the root
-    module's forward pre-hook does it: every optimizer step runs exactly ``accum`` forwards of
-    the root, and the flag set before a forward holds through its backward (where both DDP and
-    FSDP read it: DDP at the end of its forward, FSDP in its post-backward)."""
-    if accum <= 1:
-        return
-    count = [0]
-
-    def pre_forward(module: torch.nn.Module, args: Any) -> None:
-        count[0] += 1
-        sync(count[0] % accum == 0)
-
-    model.register_forward_pre_hook(pre_forward)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -1,7 +1,9 @@
 """A model's single-device memory per micro-batch: what the planner scales to every strategy.
 
 One ``Footprint`` is one choice of precision, optimizer and activation checkpointing; its
-``memory_at(b)`` gives the single-device ``Memory`` at micro-batch ``b`` without re-tracing (the
+``memory_at(b, accum)`` gives the single-device ``Memory`` at micro-batch ``b`` with ``accum``
+micro-batches per optimizer step (accumulation keeps a gradient alive through the micro-steps
+after the first), without re-tracing (the
 traced estimate fits lines through a few traced sizes; the analytic one is linear by
 construction). The planner applies the strategy (sharding divides the model states) and the
 GPU-side overheads on top.
@@ -24,13 +26,13 @@ class Footprint:
     optimizer: str
     activation_checkpointing: bool
     parameters: int                    # count
-    memory_at: Callable[[int], Memory]  # single device, at a micro-batch
+    memory_at: Callable[[int, int], Memory]  # single device, at (micro-batch, accumulation)
     unit_parameters: int | None = None  # the largest wrap_modules() block: FSDP's gathered unit
     flops_per_sample: float | None = None
     note: str = ""
     #: Traced footprints: the ``Memory`` at each phase's own peak (build, forward, backward,
     #: optimizer, zero_grad), so that sharding is applied to each moment before the maximum.
-    phases_at: Callable[[int], dict[str, Memory]] | None = None
+    phases_at: Callable[[int, int], dict[str, Memory]] | None = None
 
 
 def foreach_temporary(trainable: int, optimizer: str, precision: str) -> int:
@@ -54,7 +56,10 @@ def from_shape(shape: ModelShape, *, precision: str, optimizer: str, checkpointi
                                                    checkpointing=checkpointing)
     temporary = foreach_temporary(shape.parameters, optimizer, precision)
 
-    def memory_at(micro_batch: int) -> Memory:
+    def memory_at(micro_batch: int, accum: int = 1) -> Memory:
+        # ``accum`` does not change this model: it counts the gradients with the activations'
+        # peak in every plan (an upper bound without accumulation, whose forward pass holds no
+        # gradient; the traced estimate tells the two apart).
         activations = None if per_sample is None else per_sample * micro_batch
         peak = None
         if activations is not None and states.optimizer is not None:

@@ -1,11 +1,13 @@
 """Traced estimate: the per-device memory of a recipe's training step, from a run on fake tensors.
 
 ``trace_recipe`` runs the user's ``train.py`` in a child process (``_trace_child``) with a time
-limit. The child builds the model and runs the launcher's own optimizer step (the one the
-templates run) on ``FakeTensorMode`` tensors under PyTorch's ``MemTracker``, so nothing is
+limit. The child imports the training script ``launch`` renders for the strategy and runs its
+own functions (model build, wrapping, optimizer, ``optimizer_step``: the program that will run)
+on ``FakeTensorMode`` tensors under PyTorch's ``MemTracker``, so nothing is
 allocated and a 7B model is traced on a laptop. It traces a few micro-batch sizes, fits every point
 of the step's memory timeline linearly in the micro-batch size and keeps the upper envelope of
-those lines: ``TraceResult.memory_at(b)`` then answers for any micro-batch without another trace.
+those lines: ``TraceResult.memory_at(b, accum)`` then answers for any micro-batch, with or
+without accumulation, without another trace.
 
 This module does not import torch: the CLI imports it to plan, and ``launch --help`` must stay
 instant. docs/estimator.md has the method, its evidence and its limits.
@@ -30,7 +32,15 @@ from launcher.plan.plan import Memory
 Kind = Literal["traced", "real_run", "upper_bound"]
 DEFAULT_SIZES: tuple[int, ...] = (1, 2, 4)
 DEFAULT_TIMEOUT_S = 300.0
-_PHASES = {0: "build", 1: "forward", 2: "backward", 3: "optimizer", 4: "zero_grad"}
+_PHASES = {0: "build", 1: "forward", 2: "backward", 3: "optimizer", 4: "zero_grad",
+           5: "accum_forward", 6: "accum_backward"}
+#: The timeline's micro-batch phases (forward and backward, of the first micro-step of a step
+#: and of the later ones); the others are the optimizer's and the build's.
+_MICRO_PHASES = (1, 2, 5, 6)
+_OPTIMIZER_PHASES = (3, 4)
+#: Phases only a plan with gradient accumulation has: the micro-steps after the first of a step,
+#: which run with the earlier micro-steps' gradients alive.
+ACCUM_PHASES = frozenset({"accum_forward", "accum_backward"})
 _REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -130,6 +140,8 @@ class TraceResult:
     host_peak_rss_bytes: int | None = None
     timings: dict[str, float] = field(default_factory=dict)
     flops_per_sample: float | None = None  # with count_flops: forward + backward of one sample
+    strategy: str = "single"  # the strategy traced (ddp, fsdp, hybrid_shard: one rank of it)
+    script_sha256: str | None = None  # the rendered training script whose step was traced
 
     @property
     def is_bound(self) -> bool:
@@ -140,22 +152,48 @@ class TraceResult:
             raise ValueError(f"micro_batch must be >= 1, got {micro_batch}")
         return max(self.lines, key=lambda ln: ln.total_at(micro_batch))
 
-    def breakdown_at(self, micro_batch: int) -> dict[str, int]:
-        """Bytes per tracker category at the peak: the traced record for a traced size, the
-        fitted lines' maximum for any other."""
-        if micro_batch in self.per_size:
-            return dict(self.per_size[micro_batch].at_peak)
-        if len(self.fit_sizes) < 2:
-            raise ValueError(
-                f"traced at micro-batch {self.micro_batch_sizes[0]} only: trace two or more "
-                f"sizes to predict {micro_batch}"
-            )
-        line = self._line_at(micro_batch)
-        return {k: round(x) for k, x in line.at(micro_batch).items()}
+    def breakdown_at(self, micro_batch: int, accum: int | None = None) -> dict[str, int]:
+        """Bytes per tracker category at the peak, with ``accum`` micro-batches per optimizer
+        step (None: as traced): the traced record for a traced size, the fitted lines' maximum
+        for any other."""
+        phases = self.phase_breakdowns_at(micro_batch, accum)
+        peak = max(phases.values(), key=lambda v: sum(v.values()))
+        return {k: round(x) for k, x in peak.items()}
 
-    def phase_breakdowns_at(self, micro_batch: int) -> dict[str, dict[str, float]]:
+    def phase_breakdowns_at(self, micro_batch: int, accum: int | None = None,
+                            ) -> dict[str, dict[str, float]]:
         """Each phase's own peak at ``micro_batch`` (bytes per category): traced where the size
-        was, else the phase's fitted lines."""
+        was, else the phase's fitted lines. ``accum`` (None: as traced) is the plan's number of
+        micro-batches per optimizer step (see ``for_accum``)."""
+        return self.for_accum(self._phase_breakdowns(micro_batch), accum)
+
+    def for_accum(self, phases: dict[str, Any], accum: int | None) -> dict[str, Any]:
+        """The phases a plan with ``accum`` micro-batches per step goes through.
+
+        A trace with accumulation (``grad_accum_steps`` >= 2; micro-steps 3 and on see exactly
+        what the second sees) holds both plans: its first micro-step is a step without
+        accumulation (nothing else alive but the weights and optimizer state), its later ones
+        run with the gradients of the earlier ones alive (``ACCUM_PHASES``), and the optimizer
+        phase is the same either way. So a plan with one micro-batch per step leaves those
+        phases out. That holds for one device; a distributed strategy also reduces gradients
+        differently with accumulation (no sync until the last micro-step), so its trace answers
+        only for plans on its own side of one.
+        """
+        if accum is None:
+            return phases
+        if accum < 1:
+            raise ValueError(f"accum must be >= 1, got {accum}")
+        traced = self.grad_accum_steps > 1
+        if (accum > 1) != traced and (accum > 1 or self.strategy != "single"):
+            raise ValueError(
+                f"traced with {self.grad_accum_steps} micro-batch(es) per step"
+                + (f" under {self.strategy}" if self.strategy != "single" else "")
+                + f": trace with grad_accum_steps={min(accum, 2)} to predict {accum}")
+        if accum == 1 and traced:
+            return {ph: v for ph, v in phases.items() if ph not in ACCUM_PHASES}
+        return phases
+
+    def _phase_breakdowns(self, micro_batch: int) -> dict[str, dict[str, float]]:
         record = self.per_size.get(micro_batch)
         if record is not None and record.phases:
             return {ph: {k: float(x) for k, x in v.items()} for ph, v in record.phases.items()}
@@ -177,18 +215,19 @@ class TraceResult:
         """The fitted lines' peak, even at a traced size (to compare with the direct trace)."""
         return round(self._line_at(micro_batch).total_at(micro_batch))
 
-    def peak_at(self, micro_batch: int) -> int:
+    def peak_at(self, micro_batch: int, accum: int | None = None) -> int:
         """Peak allocated bytes over the first and a steady-state optimizer step."""
-        return sum(self.breakdown_at(micro_batch).values())
+        return sum(self.breakdown_at(micro_batch, accum).values())
 
-    def phase_memories_at(self, micro_batch: int) -> dict[str, Memory]:
+    def phase_memories_at(self, micro_batch: int, accum: int | None = None
+                          ) -> dict[str, Memory]:
         """The plan's ``Memory`` at each phase's own peak (forward, backward, optimizer...):
         what a strategy that shards the model states needs, since sharding can move the peak
         from the optimizer step (states) to the backward pass (activations)."""
         return {phase: _memory({c: round(x) for c, x in v.items()}, self.optimizer_state_bytes)
-                for phase, v in self.phase_breakdowns_at(micro_batch).items()}
+                for phase, v in self.phase_breakdowns_at(micro_batch, accum).items()}
 
-    def memory_at(self, micro_batch: int) -> Memory:
+    def memory_at(self, micro_batch: int, accum: int | None = None) -> Memory:
         """The plan's ``Memory`` at ``micro_batch``: the breakdown at the peak moment.
 
         ``optimizer`` is the persistent state; what an optimizer step allocates on top of it
@@ -197,7 +236,7 @@ class TraceResult:
         allocator reserve) are not traced: ``framework_overhead``, ``peak_reserved``, ``total``
         and ``capacity`` stay None for the planner's later stages to fill.
         """
-        return _memory(self.breakdown_at(micro_batch), self.optimizer_state_bytes)
+        return _memory(self.breakdown_at(micro_batch, accum), self.optimizer_state_bytes)
 
     @property
     def model_state_bytes(self) -> int:
@@ -271,23 +310,20 @@ class ScaledTrace(TraceResult):
         object.__setattr__(scaled, "per_size", per_size)
         return scaled
 
-    def phase_breakdowns_at(self, micro_batch: int) -> dict[str, dict[str, float]]:
+    def _phase_breakdowns(self, micro_batch: int) -> dict[str, dict[str, float]]:
         """Each phase's peak at the real depth: the two depths' extrapolated, per category."""
         assert self.shallow is not None and self.deep is not None
         k = _depth_factor(self.blocks["count"], self.blocks["traced_depths"])
-        a = self.shallow.phase_breakdowns_at(micro_batch)
-        b = self.deep.phase_breakdowns_at(micro_batch)
+        a = self.shallow._phase_breakdowns(micro_batch)
+        b = self.deep._phase_breakdowns(micro_batch)
         return {phase: {c: max(0.0, a[phase][c] + k * (b[phase][c] - a[phase][c]))
                         for c in b[phase]}
                 for phase in b if phase in a}
 
-    def _peak(self, micro_batch: int) -> tuple[str, dict[str, int]]:
-        phases = self.phase_breakdowns_at(micro_batch)
+    def _peak(self, micro_batch: int, accum: int | None = None) -> tuple[str, dict[str, int]]:
+        phases = self.phase_breakdowns_at(micro_batch, accum)
         phase = max(phases, key=lambda ph: sum(phases[ph].values()))
         return phase, {c: round(x) for c, x in phases[phase].items()}
-
-    def breakdown_at(self, micro_batch: int) -> dict[str, int]:
-        return self._peak(micro_batch)[1]
 
     def predicted_at(self, micro_batch: int) -> int:
         return sum(self._peak(micro_batch)[1].values())
@@ -322,8 +358,9 @@ def trace_recipe(
 ) -> TraceResult:
     """Trace ``recipe_file``'s optimizer step at each of ``micro_batch_sizes`` in a child process.
 
-    ``optimizer=None`` uses the recipe's ``build_optimizer`` (AdamW when it has none), as the
-    templates do; a name (adamw | sgd | adafactor | adam8bit) overrides it. ``device="cuda"``
+    The optimizer is the script's choice: the recipe's ``build_optimizer`` if it has one, else
+    ``optimizer`` (adamw | sgd | adafactor | adam8bit; None is adamw). ``grad_accum_steps`` >= 2
+    answers plans with and without accumulation alike (``TraceResult.for_accum``). ``device="cuda"``
     counts as a GPU would (512-byte blocks, foreach optimizers); on a machine without CUDA it
     is emulated on the CPU (see the result's ``notes``). ``verify_sizes`` are traced too but
     kept out of the fit, to check the prediction there. ``data_dependent`` chooses what to do
@@ -755,9 +792,10 @@ def _run_child(request: dict[str, Any], timeout_s: float, python: str) -> dict[s
     except subprocess.TimeoutExpired:
         _kill(proc)
         proc.communicate()
+        recipe_file = request.get("recipe_file") or request["batch"][0]["recipe_file"]
         raise TraceTimeout(
-            f"tracing {Path(request['recipe_file']).name} took longer than {timeout_s:g} s",
-            file=request["recipe_file"], kind="timeout",
+            f"tracing {Path(recipe_file).name} took longer than {timeout_s:g} s",
+            file=recipe_file, kind="timeout",
         ) from None
     if not stdout.strip():
         tail = "\n".join(stderr.strip().splitlines()[-5:])
@@ -833,6 +871,8 @@ def _result(answer: dict[str, Any], request: dict[str, Any]) -> TraceResult:
         host_peak_rss_bytes=answer.get("host_peak_rss_bytes"),
         timings=dict(answer.get("timings", {})),
         flops_per_sample=facts.get("flops_per_sample"),
+        strategy=(request.get("strategy") or {}).get("name", "single"),
+        script_sha256=answer.get("script_sha256"),
     )
 
 
@@ -860,11 +900,13 @@ def _fit(
 
     ncat = len(categories)
     main = segments[f"b{b0}"][0]
-    opt_points = np.array([v for p, v in main if p >= 3], dtype=np.float64).reshape(-1, ncat)
-    fb = {b: [(p, v) for p, v in segments[f"b{b}"][0] if p < 3] for b in sizes + verify}
+    opt_points = np.array([v for p, v in main if p in _OPTIMIZER_PHASES],
+                          dtype=np.float64).reshape(-1, ncat)
+    fb = {b: [(p, v) for p, v in segments[f"b{b}"][0] if p in _MICRO_PHASES]
+          for b in sizes + verify}
     fb_ops = {
         b: [op for (p, _), op in zip(segments[f"b{b}"][0], segments[f"b{b}"][1], strict=True)
-            if p < 3]
+            if p in _MICRO_PHASES]
         for b in sizes + verify
     }
     bound_at = {b: np.array(boundary[f"b{b}"], dtype=np.float64) for b in sizes + verify}

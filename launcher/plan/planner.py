@@ -123,7 +123,7 @@ def shard_degree(strategy: str, nodes: int, gpus: int) -> int:
 def per_gpu_memory(fp: Footprint, target: Target, strategy: str, nodes: int, gpus: int,
                    micro: int, accum: int = 1) -> Memory:
     """The footprint at ``micro`` under ``strategy``, with the GPU-side overheads."""
-    single = fp.memory_at(micro)
+    single = fp.memory_at(micro, accum)
     degree = shard_degree(strategy, nodes, gpus)
 
     def div(x: int | None) -> int | None:
@@ -147,7 +147,7 @@ def per_gpu_memory(fp: Footprint, target: Target, strategy: str, nodes: int, gpu
             # the model states, not the activations, so the single device's peak (often the
             # optimizer step, where activations are gone) is not the sharded one (often the
             # backward pass): shard every phase, then take the largest.
-            worst = max(_sharded_phases(fp.phases_at(micro), div, gather, accum),
+            worst = max(_sharded_phases(fp.phases_at(micro, accum), div, gather, accum),
                         key=lambda m: m.peak_allocated or 0, default=None)
             peak = None
             if worst is not None:

@@ -129,6 +129,30 @@ def training_step(model, batch):
     return model(batch).sum()
 '''
 
+# A frozen table (requires_grad=False), as Whisper's encoder positions or a frozen backbone.
+FROZEN = '''
+import torch, torch.nn as nn
+
+class Frozen(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.table = nn.Embedding(64, 128)
+        self.table.requires_grad_(False)
+        self.head = nn.Linear(128, 64)
+
+    def forward(self, idx):
+        return self.head(self.table(idx))
+
+def build_model():
+    return Frozen()
+
+def example_batch(batch_size):
+    return torch.randint(0, 64, (batch_size, 16))
+
+def training_step(model, batch):
+    return nn.functional.cross_entropy(model(batch).flatten(0, 1), batch.flatten())
+'''
+
 # Eight identical blocks: the estimator traces two and four of them and extrapolates.
 DEEP_GPT = GPT.replace("V, D, H, L, S = 256, 64, 4, 2, 32", "V, D, H, L, S = 256, 64, 4, 8, 32")
 # The same, with a forward that indexes all eight blocks: it cannot run on fewer.
@@ -193,6 +217,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runs]:
     r.submit("deep_real", measure_recipe, deep, micro_batch=4)
     r.submit("indexed", trace_recipe, r.recipe("indexed", INDEXED_GPT), device="cpu",
              micro_batch_sizes=(1, 2))
+    frozen = r.recipe("frozen", FROZEN)
+    r.submit("frozen", trace_recipe, frozen, device="cpu", micro_batch_sizes=(1, 2, 4))
+    r.submit("frozen_real", measure_recipe, frozen, micro_batch=4)
     r.submit("syntax", _error, r.recipe("syntax", SYNTAX))
     r.submit("hook", _error, r.recipe("hook", HOOK))
     r.submit("timeout", _error, r.recipe("slow", SLOW), timeout_s=5)
@@ -219,6 +246,13 @@ def test_traced_peak_matches_a_real_cpu_step(runs: Runs) -> None:
     real = runs.get("gpt_real4").peak_allocated
     assert trace.kind == "traced"
     assert _within(trace.peak_at(4), real), (trace.peak_at(4), real)
+
+
+def test_a_frozen_weight_is_traced_without_a_gradient(runs: Runs) -> None:
+    trace: TraceResult = runs.get("frozen")
+    assert trace.gradient_bytes == (128 * 64 + 64) * 4  # the head's only
+    assert trace.parameter_bytes == trace.gradient_bytes + 64 * 128 * 4
+    assert _within(trace.peak_at(4), runs.get("frozen_real").peak_allocated)
 
 
 def test_fit_predicts_an_untraced_size(runs: Runs) -> None:

@@ -193,7 +193,8 @@ def test_sharding_moves_a_traced_peak_from_the_optimizer_step_to_backward():
     }
     fp = Footprint(kind="traced", precision="bf16_mixed", optimizer="adamw",
                    activation_checkpointing=False, parameters=gib, unit_parameters=0,
-                   memory_at=lambda b: phases["backward"], phases_at=lambda b: phases)
+                   memory_at=lambda b, a=1: phases["backward"],
+                   phases_at=lambda b, a=1: phases)
     target = Target(name="t", gpus=8, memory_bytes=None, cpu=True)
     memory = per_gpu_memory(fp, target, "fsdp", 1, 8, micro=1)
     # backward: (4 + 2 + 8) / 8 of states + 6 of activations + 1 of activation gradients

@@ -1,0 +1,196 @@
+"""How the trace child runs the user's code: in worker processes, never in itself.
+
+The trace child (``_trace_child.main``) is started ahead of its requests and pays torch's import
+and the fake-tensor warm-up once (seconds). Each request then runs in a worker process: forked
+from the child while that is safe, otherwise a fresh interpreter. The child itself only waits.
+
+Why the child never runs user code: GNU OpenMP, the intra-op thread pool of PyTorch's CPU
+wheels, is not fork-safe. Once a process has run a parallel region (filling a tensor large
+enough to be split is enough), its pool exists; a forked child inherits the pool's bookkeeping
+but not its threads, and waits forever at its next parallel region's barrier
+(``gomp_team_barrier_wait_end``). A recipe that builds a real model at import, or a probe that
+runs ``build_model``, would leave the child in that state. So:
+
+- the child sets one intra-op thread before anything runs (``prepare``), so nothing it runs
+  itself starts a pool; it runs no user code (the probe, the traces, the measurements all run
+  in workers); the only code of the user's world it runs is the import of installed packages the
+  recipe names (``preimport``: transformers takes seconds to import, and sharing it is what
+  forking buys);
+- before every fork it checks that the process still has the threads it had when it was
+  prepared (``fork_safe``); a pool, or a thread an import started, means the next workers are
+  fresh interpreters instead: slower (a torch import each), never stuck.
+
+Why not always spawn: a fresh interpreter pays torch's import and the fake-tensor warm-up (about
+4 s on two cores) for every worker; a forked one starts with both done.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import importlib
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import sysconfig
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+_TASKS = Path("/proc/self/task")
+
+
+class _State:
+    threads = 1          # intra-op threads a worker may use in all (the child's own default)
+    baseline: int | None = None  # the child's thread count once prepared
+
+
+def prepare(max_threads: int = 4) -> None:
+    """Make this process a safe one to fork from: one intra-op thread from now on, and note its
+    thread count (the baseline ``fork_safe`` compares with). Call before any tensor op runs."""
+    import torch
+
+    _State.threads = max(1, min(torch.get_num_threads(), max_threads))
+    torch.set_num_threads(1)
+    mark_baseline()
+
+
+def mark_baseline() -> None:
+    """Record the current thread count as the safe one (after a warm-up that started none)."""
+    _State.baseline = _thread_count()
+
+
+def _thread_count() -> int | None:
+    try:
+        return len(os.listdir(_TASKS))
+    except OSError:
+        return None  # not Linux: thread count unknown
+
+
+def fork_safe() -> bool:
+    """Whether forking now cannot leave a worker without threads it expects: Linux, prepared,
+    and no thread started since (an OpenMP pool, a library's background thread)."""
+    now = _thread_count()
+    return (hasattr(os, "fork") and now is not None and _State.baseline is not None
+            and now <= _State.baseline)
+
+
+def preimport(recipe_file: str | os.PathLike[str]) -> list[str]:
+    """Import the installed packages ``recipe_file`` imports (transformers, timm...), so that
+    forked workers share the import instead of each paying it. Local modules (next to the
+    recipe, or anywhere outside the interpreter's own library folders) are the user's code and
+    are left to the workers. Returns the names imported; an import that fails is left to the
+    worker too, which reports it with the user's file and line."""
+    try:
+        tree = ast.parse(Path(recipe_file).read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, ValueError):
+        return []
+    names: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names += [alias.name.split(".")[0] for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.append(node.module.split(".")[0])
+    libraries = {str(Path(p).resolve()) for key, p in sysconfig.get_paths().items()
+                 if key in ("stdlib", "platstdlib", "purelib", "platlib")}
+    imported = []
+    for name in dict.fromkeys(names):
+        if name in sys.modules:
+            continue
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            continue
+        origin = spec and (spec.origin or next(iter(spec.submodule_search_locations or []), None))
+        if not origin or origin in ("built-in", "frozen"):
+            continue
+        if not any(str(Path(origin).resolve()).startswith(lib + os.sep) for lib in libraries):
+            continue
+        with contextlib.suppress(Exception):
+            importlib.import_module(name)
+            imported.append(name)
+    return imported
+
+
+def run_all(requests: list[dict[str, Any]], serve: Callable[[dict[str, Any]], dict[str, Any]],
+            ) -> list[dict[str, Any]]:
+    """Answer each request in a worker of its own, all at once; the answers in order.
+
+    The intra-op threads are shared out among the workers (one each on two cores). A worker that
+    dies without answering (a segfault, the OOM killer) is answered for, as a ``crash``.
+    """
+    threads = max(1, _State.threads // max(1, len(requests)))
+    requests = [{**r, "threads": threads} for r in requests]
+    if fork_safe():
+        return _forked(requests, serve)
+    return _spawned(requests)
+
+
+def _forked(requests: list[dict[str, Any]], serve: Callable[[dict[str, Any]], dict[str, Any]],
+            ) -> list[dict[str, Any]]:
+    children = []
+    for request in requests:
+        read_fd, write_fd = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the worker
+            os.close(read_fd)
+            answer = work(request, serve)
+            with os.fdopen(write_fd, "w") as out:
+                out.write(json.dumps(answer))
+            os._exit(0)
+        os.close(write_fd)
+        children.append((pid, read_fd))
+    answers = []
+    for pid, read_fd in children:  # each writes once, at its end: reading in turn cannot block
+        with os.fdopen(read_fd) as inp:
+            text = inp.read()
+        _, status = os.waitpid(pid, 0)
+        answers.append(json.loads(text) if text else _died(os.waitstatus_to_exitcode(status)))
+    return answers
+
+
+def _spawned(requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Workers as fresh interpreters (``python -m launcher.estimate._trace_child --worker``), in
+    this process's group: the parent's timeout kills them with it."""
+    procs = []
+    for request in requests:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "launcher.estimate._trace_child", "--worker"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert proc.stdin is not None
+        proc.stdin.write(json.dumps(request))
+        proc.stdin.close()
+        procs.append(proc)
+    answers = []
+    for proc in procs:
+        assert proc.stdout is not None
+        text = proc.stdout.read()
+        code = proc.wait()
+        answers.append(json.loads(text) if text.strip() else _died(code))
+    return answers
+
+
+def work(request: dict[str, Any], serve: Callable[[dict[str, Any]], dict[str, Any]],
+         ) -> dict[str, Any]:
+    """A worker's whole life: its share of threads, the request, an answer whatever happens."""
+    import torch
+
+    torch.set_num_threads(int(request.get("threads", 1)))
+    try:
+        return serve(request)
+    except BaseException as exc:  # noqa: BLE001 - a bug here must still answer in JSON
+        import traceback
+
+        return {"ok": False, "error": {
+            "message": f"{type(exc).__name__}: {exc}", "file": None, "line": None,
+            "kind": "internal", "traceback": traceback.format_exc()}}
+
+
+def _died(code: int) -> dict[str, Any]:
+    how = (f"was killed by {signal.Signals(-code).name}" if code < 0
+           else f"exited with status {code}")
+    return {"ok": False, "error": {"message": f"the trace worker {how} without an answer",
+                                   "file": None, "line": None, "kind": "crash"}}
