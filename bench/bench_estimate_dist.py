@@ -1,6 +1,6 @@
 """Distributed strategies traced at their world size: how close to real ranks, and to the planner?
 
-Three parts (docs/benchmarks.md, "Estimator: distributed strategies at their world size", has the
+Four parts (docs/benchmarks.md, "Estimator: distributed strategies at their world size", has the
 results):
 
 1. Accuracy at world size 2 on this CPU machine. For each strategy (DDP, FSDP, hybrid sharding
@@ -17,11 +17,16 @@ results):
 3. The foreach phantom, fake only: the 67M-parameter MLP stack of docs/estimator.md (8 FSDP
    ranks, bf16_mixed, CUDA semantics) where ``FSDPMemTracker`` counted 937 MiB in the optimizer
    step: the optimizer phase's peak with foreach and for-loop AdamW.
+4. Depth scaling under a strategy, fake only: an 8-block Llama traced whole and at 2 and 4 blocks
+   extrapolated to 8, under DDP (2 ranks), FSDP (4) and hybrid sharding (2x2), with and without
+   accumulation, at micro-batches 1, 2, 4 (traced) and 8 (fitted). The product scales depth
+   under FSDP and hybrid sharding only; the DDP rows lift that guard to show why.
 
-    .venv/bin/python bench/bench_estimate_dist.py                   # all three parts, ~8 min
+    .venv/bin/python bench/bench_estimate_dist.py                   # all four parts, ~10 min
     .venv/bin/python bench/bench_estimate_dist.py --part accuracy --archs gpt
     .venv/bin/python bench/bench_estimate_dist.py --part scaling --worlds 8,64
     .venv/bin/python bench/bench_estimate_dist.py --part phantom
+    .venv/bin/python bench/bench_estimate_dist.py --part depth
 """
 
 from __future__ import annotations
@@ -273,6 +278,46 @@ def scaling(directory: Path, worlds: list[int], micro_batch: int) -> dict[str, A
             single.memory_at(micro_batch).__dict__, "single_s": round(single_s, 1), "rows": rows}
 
 
+DEPTH_STRATEGIES = ({"name": "ddp", "world_size": 2}, {"name": "fsdp", "world_size": 4},
+                    {"name": "hybrid_shard", "world_size": 4, "replicas": 2})
+
+
+def depth(directory: Path) -> list[dict[str, Any]]:
+    """Whole vs depth-scaled traces of an 8-block Llama under each strategy."""
+    from models_zoo import write_recipe
+
+    from launcher.estimate import traced
+
+    recipe = write_recipe("llama", directory / "llama8", layers=8)
+    guarded = traced._request
+
+    def unguarded(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        request = guarded(*args, **kwargs)
+        request["scale_depth"] = kwargs.get("scale_depth", True)  # DDP too, to measure it
+        return request
+
+    rows = []
+    traced._request = unguarded
+    try:
+        for strategy in DEPTH_STRATEGIES:
+            for accum in (1, 2):
+                common = {"device": "cuda", "strategy": strategy, "grad_accum_steps": accum,
+                          "micro_batch_sizes": (1, 2, 4)}
+                started = time.perf_counter()
+                whole = trace_recipe(recipe, scale_depth=False, **common)
+                whole_s = time.perf_counter() - started
+                started = time.perf_counter()
+                scaled = trace_recipe(recipe, scale_depth=True, **common)
+                rows.append({"strategy": strategy, "accum": accum,
+                             "whole_s": round(whole_s, 1),
+                             "scaled_s": round(time.perf_counter() - started, 1),
+                             "peaks": {b: [whole.peak_at(b), scaled.peak_at(b)]
+                                       for b in (1, 2, 4, 8)}})
+    finally:
+        traced._request = guarded
+    return rows
+
+
 def _mib(x: float) -> str:
     return f"{x / 2**20:,.2f}"
 
@@ -299,7 +344,7 @@ def _label(strategy: dict[str, Any], config: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--part", choices=("all", "accuracy", "scaling", "phantom"),
+    parser.add_argument("--part", choices=("all", "accuracy", "scaling", "phantom", "depth"),
                         default="all")
     parser.add_argument("--archs", default="gpt,llama")
     parser.add_argument("--micro-batch", type=int, default=2)
@@ -358,6 +403,15 @@ def main(argv: list[str] | None = None) -> int:
             print(f"| {'foreach' if r['foreach'] else 'for-loop'} | {_mib(r['peak'])} | "
                   f"{_mib(r['at']['OPT'])} | {_mib(r['state'])} | "
                   f"{_mib(4 * r['parameters'] / 8)} | {_mib(r['overall'])} |")
+    if args.part in ("all", "depth"):
+        rows = depth(directory)
+        results["depth"] = rows
+        print("\n| strategy | accumulation | b=1 | b=2 | b=4 | b=8 (fitted) | whole / scaled (s) |")
+        print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+        for r in rows:
+            cells = " | ".join(_pct(_error(scaled, whole)) for whole, scaled in r["peaks"].values())
+            print(f"| {_label(r['strategy'], {})} | {r['accum']} | {cells} | "
+                  f"{r['whole_s']} / {r['scaled_s']} |")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1, default=str))
     return 1 if failed else 0

@@ -10,6 +10,7 @@ import functools
 import importlib.util
 import os
 import tempfile
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -68,6 +69,34 @@ def _trace_options(spec: Spec, environ: dict[str, str]) -> dict[str, Any]:
         seed=spec.seed, scale_depth=environ.get("LAUNCH_TRACE_DEPTH") != "full")
 
 
+def _rank_traces(recipe: Path, trace_options: dict[str, Any]
+                 ) -> Callable[[str, int, int, int, int], Memory | None]:
+    """``Footprint.rank_memory_at`` for a traceable recipe: one rank of a sharded strategy traced
+    at its world size (a fake process group; the rendered script's own wrapping), once per
+    strategy, world size and side of accumulation (a trace answers every micro-batch). A trace
+    that fails or runs out of time answers None: the planner keeps its scaled estimate."""
+    from launcher.estimate.traced import TraceError, trace_recipe
+
+    traces: dict[tuple[str, int, int, bool], Any] = {}
+
+    def rank_memory_at(strategy: str, nodes: int, gpus: int, micro: int, accum: int
+                       ) -> Memory | None:
+        world = nodes * gpus
+        replicas = nodes if strategy == "hybrid_shard" else 1  # a shard group per node
+        key = (strategy, world, replicas, accum > 1)
+        if key not in traces:
+            try:
+                traces[key] = trace_recipe(
+                    recipe, **{**trace_options, "grad_accum_steps": 2 if accum > 1 else 1},
+                    strategy={"name": strategy, "world_size": world, "replicas": replicas})
+            except TraceError:  # TraceTimeout included
+                traces[key] = None
+        trace = traces[key]
+        return None if trace is None else trace.memory_at(micro, accum)
+
+    return rank_memory_at
+
+
 def _traced(spec: Spec, info: ScriptInfo, precision: str, optimizer: str,
             variants: tuple[bool, ...], device: str, environ: dict[str, str]
             ) -> dict[bool, Footprint | UsageError]:
@@ -118,7 +147,10 @@ def _traced(spec: Spec, info: ScriptInfo, precision: str, optimizer: str,
             optimizer=optimizer, activation_checkpointing=checkpointing,
             parameters=trace.parameters, memory_at=trace.memory_at,
             unit_parameters=info.unit_parameters,
-            flops_per_sample=flops, note=note, phases_at=trace.phase_memories_at)
+            flops_per_sample=flops, note=note, phases_at=trace.phase_memories_at,
+            rank_memory_at=_rank_traces(spec.script, {
+                **options, "precision": precision, "optimizer": optimizer if pinned else None,
+                "activation_checkpointing": checkpointing, "device": device}))
     return out
 
 
@@ -157,7 +189,10 @@ def _hf_traced(spec: Spec, shape: ModelShape, precision: str, optimizer: str,
             note = "; ".join(trace.notes[:2]) if trace.is_bound else ""
             return replace(analytic, kind="upper_bound" if trace.is_bound else "traced",
                            parameters=trace.parameters, memory_at=trace.memory_at, note=note,
-                           phases_at=trace.phase_memories_at)
+                           phases_at=trace.phase_memories_at,
+                           rank_memory_at=_rank_traces(recipe, {
+                               **options, "precision": precision, "optimizer": optimizer,
+                               "activation_checkpointing": checkpointing, "device": device}))
     note = f"{failed['note']}: the estimate is analytic"
     return replace(analytic, note="; ".join(n for n in (note, analytic.note) if n))
 

@@ -33,6 +33,10 @@ class Footprint:
     #: Traced footprints: the ``Memory`` at each phase's own peak (build, forward, backward,
     #: optimizer, zero_grad), so that sharding is applied to each moment before the maximum.
     phases_at: Callable[[int, int], dict[str, Memory]] | None = None
+    #: Traced footprints: one rank's ``Memory`` under a sharded strategy, traced at its world
+    #: size: ``(strategy, nodes, gpus per node, micro-batch, accumulation)``; None when it
+    #: cannot be traced (the planner then keeps the sharded single-device estimate).
+    rank_memory_at: Callable[[str, int, int, int, int], Memory | None] | None = None
 
 
 def foreach_temporary(trainable: int, optimizer: str, precision: str) -> int:

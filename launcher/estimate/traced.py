@@ -165,7 +165,12 @@ class TraceResult:
         """Each phase's own peak at ``micro_batch`` (bytes per category): traced where the size
         was, else the phase's fitted lines. ``accum`` (None: as traced) is the plan's number of
         micro-batches per optimizer step (see ``for_accum``)."""
-        return self.for_accum(self._phase_breakdowns(micro_batch), accum)
+        phases = self.for_accum(self._phase_breakdowns(micro_batch), accum)
+        if self.strategy in ("fsdp", "hybrid_shard"):
+            # The sharded scripts build the model in host memory and fully_shard moves each
+            # block's shard to the GPU: the build phase (the whole model) is not the GPU's.
+            phases = {ph: v for ph, v in phases.items() if ph != "build"} or phases
+        return phases
 
     def for_accum(self, phases: dict[str, Any], accum: int | None) -> dict[str, Any]:
         """The phases a plan with ``accum`` micro-batches per step goes through.
@@ -585,14 +590,18 @@ def _request(
         request["real_run_limit_bytes"] = int(real_run_limit_bytes)
     if strategy is not None:
         request["strategy"] = _strategy(strategy)
-        # Depth scaling is not verified under a strategy (FSDP at 8 ranks of an 8-block Llama:
-        # the extrapolated peak at micro-batch 1 was 8.6% under the whole trace): trace whole.
-        request["scale_depth"] = False
+        if request["strategy"]["name"] == "ddp":
+            # DDP's gradient buckets are cut by size (25 MiB), so their layout is not linear
+            # in the number of blocks: two and four blocks extrapolated to eight were +15%
+            # over the whole trace. FSDP and hybrid sharding scale (exact at micro-batches 2
+            # and 4, +2..3% at 1: docs/benchmarks.md); DDP is traced whole.
+            request["scale_depth"] = False
     return request
 
 
 def _strategy(strategy: dict[str, Any]) -> dict[str, Any]:
-    """A distributed strategy to trace (``_trace_dist.wrap`` applies it), checked here."""
+    """A distributed strategy to trace (the script's ``wrap_model`` applies it), checked
+    here."""
     names = ("ddp", "fsdp", "hybrid_shard")
     unknown = set(strategy) - {"name", "world_size", "replicas", "reshard_after_forward"}
     if unknown:
@@ -686,6 +695,9 @@ def measure_recipe(
 
 #: Trace children started ahead of their request (``prestart``), by interpreter.
 _WARM: dict[str, subprocess.Popen[str]] = {}
+_REAPING: list[bool] = []
+#: The end of each running child's stderr, by pid (read while waiting for its answers).
+_STDERR: dict[int, bytes] = {}
 
 
 def prestart(python: str | None = None) -> None:
@@ -700,9 +712,15 @@ def prestart(python: str | None = None) -> None:
     proc = _WARM.get(python)
     if proc is not None and proc.poll() is None:
         return
-    if not _WARM:
+    _keep(python, _spawn(python, warm=True))
+
+
+def _keep(python: str, proc: subprocess.Popen[str]) -> None:
+    """Keep ``proc`` as the free trace child of ``python`` (killed at exit if never used)."""
+    if not _REAPING:
         atexit.register(_reap)
-    _WARM[python] = _spawn(python, warm=True)
+        _REAPING.append(True)
+    _WARM[python] = proc
 
 
 def _reap() -> None:
@@ -711,6 +729,7 @@ def _reap() -> None:
         with contextlib.suppress(Exception):
             proc.communicate(timeout=5)
     _WARM.clear()
+    _STDERR.clear()
 
 
 def _kill(proc: subprocess.Popen[str]) -> None:
@@ -740,71 +759,98 @@ def probe(script: str | os.PathLike[str], *, count_flops: bool, timeout_s: float
     model's size on the meta device, the machine's GPUs) and keep the child for the trace.
 
     One process instead of two: the probe no longer pays its own torch import, and the trace
-    that follows starts in a process that has already imported the recipe. Returns the probe's
-    answer, or None when no child was prestarted (or it died): the caller probes the usual
-    way. Raises ``TimeoutError`` (the child is killed) when loading takes longer than
+    that follows starts in a process that has already imported the recipe's packages. Returns
+    the probe's answer, or None when no child was prestarted (or it died): the caller probes the
+    usual way. Raises ``TimeoutError`` (the child is killed) when loading takes longer than
     ``timeout_s``.
     """
-    import selectors
-
     python = python or sys.executable
-    proc = _WARM.get(python)
-    if proc is None or proc.poll() is not None or proc.stdin is None or proc.stdout is None:
+    proc = _WARM.pop(python, None)
+    if proc is None or proc.poll() is not None:
         return None
     request = {"action": "probe", "script": str(Path(script).resolve()),
                "count_flops": count_flops}
     try:
+        answer = _ask(proc, request, timeout_s)
+    except TimeoutError:
+        raise TimeoutError(
+            f"loading {Path(script).name} took longer than {timeout_s:g} s") from None
+    if answer is not None:
+        _keep(python, proc)
+    return answer
+
+
+def _ask(proc: subprocess.Popen[str], request: dict[str, Any], timeout_s: float,
+         ) -> dict[str, Any] | None:
+    """One request line to a running trace child, its one answer line back (None if the child
+    died first). Its stderr is drained meanwhile, so a chatty recipe never blocks on a full
+    pipe. Past ``timeout_s`` the child is killed with its process group (its workers) and
+    ``TimeoutError`` raised."""
+    import selectors
+
+    if proc.stdin is None or proc.stdout is None:
+        return None
+    try:
         proc.stdin.write(json.dumps(request) + "\n")
         proc.stdin.flush()
     except OSError:
-        _WARM.pop(python, None)
         return None
     out, deadline = b"", time.monotonic() + timeout_s
     with selectors.DefaultSelector() as selector:
         selector.register(proc.stdout.fileno(), selectors.EVENT_READ, "out")
-        if proc.stderr is not None:  # drained too: a chatty recipe must not block on a full pipe
+        if proc.stderr is not None:
             selector.register(proc.stderr.fileno(), selectors.EVENT_READ, "err")
         while b"\n" not in out:
             left = deadline - time.monotonic()
             if left <= 0:
-                _WARM.pop(python, None)
                 _kill(proc)
-                raise TimeoutError(f"loading {Path(script).name} took longer than {timeout_s:g} s")
-            events = selector.select(timeout=min(left, 1.0))
-            for key, _ in events:
-                chunk = os.read(key.fd, 65536)
+                with contextlib.suppress(Exception):
+                    proc.communicate(timeout=5)
+                raise TimeoutError
+            for key, _ in selector.select(timeout=min(left, 1.0)):
+                chunk = os.read(key.fd, 1 << 16)
                 if key.data == "out":
                     if not chunk:
-                        _WARM.pop(python, None)  # the child died: probe the usual way
                         return None
                     out += chunk
                 elif not chunk:
                     selector.unregister(key.fd)
+                else:  # the last few KiB, for the message if the child dies
+                    _STDERR[proc.pid] = (_STDERR.get(proc.pid, b"") + chunk)[-8192:]
     return json.loads(out.decode())
 
 
 def _run_child(request: dict[str, Any], timeout_s: float, python: str) -> dict[str, Any]:
+    """Answer ``request`` in a trace child: the prestarted one if it is free (it stays warm for
+    the next request: the planner may ask for more traces), else a new one. A child in use is
+    out of ``_WARM``, so threads tracing at once each get their own."""
     proc = _WARM.pop(python, None)
     if proc is None or proc.poll() is not None:
         proc = _spawn(python)
     try:
-        stdout, stderr = proc.communicate(json.dumps(request) + "\n", timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        _kill(proc)
-        proc.communicate()
+        answer = _ask(proc, request, timeout_s)
+    except TimeoutError:
         recipe_file = request.get("recipe_file") or request["batch"][0]["recipe_file"]
         raise TraceTimeout(
             f"tracing {Path(recipe_file).name} took longer than {timeout_s:g} s",
             file=recipe_file, kind="timeout",
         ) from None
-    if not stdout.strip():
+    if answer is None:
+        _kill(proc)
+        _, rest = proc.communicate()
+        stderr = _STDERR.pop(proc.pid, b"").decode(errors="replace") + rest
         tail = "\n".join(stderr.strip().splitlines()[-5:])
         raise TraceError(
             f"the trace process exited with status {proc.returncode} without an answer"
             + (f": {tail}" if tail else ""),
             kind="crash", detail=stderr,
         )
-    return json.loads(stdout)
+    if python not in _WARM:
+        _keep(python, proc)
+    else:
+        _kill(proc)
+        proc.communicate()
+    return answer
 
 
 def _result(answer: dict[str, Any], request: dict[str, Any]) -> TraceResult:

@@ -120,9 +120,37 @@ def shard_degree(strategy: str, nodes: int, gpus: int) -> int:
     return 1
 
 
+#: Strategies a recipe's trace can run at their world size (one rank, a fake process group).
+TRACED_AT_WORLD_SIZE = ("fsdp", "hybrid_shard")
+#: A sharded candidate whose scaled estimate is this close to the usable memory (either side) is
+#: traced at its world size: the scaled estimate is on the safe side by tens of percent
+#: (docs/benchmarks.md), enough to reject a plan that fits or to report the wrong margin.
+NEAR_CAPACITY = 0.15
+
+
 def per_gpu_memory(fp: Footprint, target: Target, strategy: str, nodes: int, gpus: int,
                    micro: int, accum: int = 1) -> Memory:
-    """The footprint at ``micro`` under ``strategy``, with the GPU-side overheads."""
+    """The footprint at ``micro`` under ``strategy``, with the GPU-side overheads.
+
+    A sharded plan is first sized by sharding the single-device footprint phase by phase; when
+    that lands near the machine's capacity and the footprint can trace one rank of the strategy
+    (``Footprint.rank_memory_at``: a recipe), the rank's own trace replaces it."""
+    memory = _scaled_gpu_memory(fp, target, strategy, nodes, gpus, micro, accum)
+    usable = None if memory.capacity is None else memory.capacity * (1 - SAFETY_MARGIN)
+    if (fp.rank_memory_at is not None and strategy in TRACED_AT_WORLD_SIZE
+            and memory.total is not None and usable and not target.address_space_cap
+            and abs(memory.total - usable) <= NEAR_CAPACITY * usable):
+        rank = fp.rank_memory_at(strategy, nodes, gpus, micro, accum)
+        if rank is not None:
+            return _with_overheads(rank.parameters, rank.gradients, rank.optimizer,
+                                   rank.activations, rank.temporary, rank.peak_allocated,
+                                   target, nodes * gpus)
+    return memory
+
+
+def _scaled_gpu_memory(fp: Footprint, target: Target, strategy: str, nodes: int, gpus: int,
+                       micro: int, accum: int) -> Memory:
+    """The single-device footprint at ``micro`` sharded as ``strategy`` shards it."""
     single = fp.memory_at(micro, accum)
     degree = shard_degree(strategy, nodes, gpus)
 
@@ -158,13 +186,22 @@ def per_gpu_memory(fp: Footprint, target: Target, strategy: str, nodes: int, gpu
             parts = (params, grads, opt, activations, temporary, gather)
             peak = None if any(p is None for p in parts) else (
                 params + grads + opt + max(activations + gather, temporary))  # type: ignore
+    return _with_overheads(params, grads, opt, activations, temporary, peak, target,
+                           nodes * gpus)
+
+
+def _with_overheads(params: int | None, grads: int | None, opt: int | None,
+                    activations: int | None, temporary: int | None, peak: int | None,
+                    target: Target, world: int) -> Memory:
+    """One rank's allocated bytes as a GPU (or this CPU) holds them: calibrated, then the
+    caching allocator's reserve and the CUDA context and libraries on top."""
     if peak is not None and target.allocated_scale != 1.0:
         peak = math.ceil(peak * target.allocated_scale)
     capacity = target.memory_bytes
     if target.cpu:
         return Memory(parameters=params, gradients=grads, optimizer=opt, activations=activations,
                       temporary=temporary, peak_allocated=peak, total=peak, capacity=capacity)
-    over = gpu_overheads(target.generation, nodes * gpus, target.reserve_ratio)
+    over = gpu_overheads(target.generation, world, target.reserve_ratio)
     reserved = None if peak is None else math.ceil((peak + over.cublas) * over.reserve_ratio)
     total = None if reserved is None else reserved + over.framework
     return Memory(parameters=params, gradients=grads, optimizer=opt, activations=activations,

@@ -60,8 +60,13 @@ def test_the_prestarted_child_probes_then_traces(recipe: Path) -> None:
     assert traced._WARM.get(sys.executable) is child  # kept for the trace
     result = traced.trace_recipe(recipe, device="cpu", micro_batch_sizes=(1, 2),
                                  count_flops=True)
-    assert child.poll() is not None and not traced._WARM  # the trace used it, and it ended
+    assert child.poll() is None and traced._WARM[sys.executable] is child  # still warm
     assert result.parameters == usual.parameters
+    again = traced.trace_recipe(recipe, device="cpu", micro_batch_sizes=(1, 2))
+    assert traced._WARM[sys.executable] is child  # the planner's next trace: the same child
+    assert again.peak_at(2) == result.peak_at(2)
+    traced._reap()
+    assert child.wait(timeout=10) is not None and not traced._WARM
     # The trace counts the same FLOPs the probe would have.
     assert result.flops_per_sample == usual.flops_per_sample and usual.flops_per_sample > 0
 

@@ -207,3 +207,41 @@ def test_sharding_moves_a_traced_peak_from_the_optimizer_step_to_backward():
     single = per_gpu_memory(fp, Target(name="t", gpus=1, memory_bytes=None, cpu=True),
                             "single", 1, 1, micro=1)
     assert single.peak_allocated == 21 * gib
+
+
+def test_a_sharded_plan_near_capacity_is_sized_by_its_own_ranks_trace():
+    """Sharding the single-device trace is on the safe side by tens of percent: near the
+    machine's capacity (either side) that decides whether a plan fits, so the rank is traced
+    at its world size; far from it the scaled estimate stands and nothing is traced."""
+    from launcher.estimate.footprint import Footprint
+    from launcher.plan.plan import Memory
+    from launcher.plan.planner import Target, per_gpu_memory
+
+    gib = 2**30
+    single = Memory(parameters=8 * gib, gradients=8 * gib, optimizer=16 * gib,
+                    activations=20 * gib, temporary=0, peak_allocated=52 * gib)
+    asked: list[tuple[str, int, int, int, int]] = []
+
+    def rank_memory_at(strategy: str, nodes: int, gpus: int, micro: int, accum: int) -> Memory:
+        asked.append((strategy, nodes, gpus, micro, accum))
+        return Memory(parameters=1 * gib, gradients=1 * gib, optimizer=2 * gib,
+                      activations=10 * gib, temporary=1 * gib, peak_allocated=15 * gib)
+
+    fp = Footprint(kind="traced", precision="bf16_mixed", optimizer="adamw",
+                   activation_checkpointing=False, parameters=4 * gib, unit_parameters=0,
+                   memory_at=lambda b, a=1: single, rank_memory_at=rank_memory_at)
+    from launcher.estimate.overheads import SAFETY_MARGIN
+
+    far = Target(name="big", gpus=8, memory_bytes=400 * gib, generation="hopper")
+    scaled = per_gpu_memory(fp, far, "fsdp", 1, 8, micro=4, accum=2)
+    assert asked == [] and scaled.peak_allocated > 15 * gib  # far from capacity: not traced
+    # a machine on which the scaled estimate is 10% over the usable memory
+    usable = scaled.total / 1.10
+    near = Target(name="tight", gpus=8, memory_bytes=round(usable / (1 - SAFETY_MARGIN)),
+                  generation="hopper")
+    memory = per_gpu_memory(fp, near, "fsdp", 1, 8, micro=4, accum=2)
+    assert asked == [("fsdp", 1, 8, 4, 2)]
+    assert memory.peak_allocated == 15 * gib and memory.activations == 10 * gib
+    assert memory.total > memory.peak_allocated  # the GPU overheads still on top
+    per_gpu_memory(fp, near, "ddp", 1, 8, micro=4, accum=2)
+    assert len(asked) == 1  # DDP: the single device's estimate is the rank's
