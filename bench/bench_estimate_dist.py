@@ -410,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
         print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
         for r in rows:
             cells = " | ".join(_pct(_error(scaled, whole)) for whole, scaled in r["peaks"].values())
-            print(f"| {_label(r['strategy'], {})} | {r['accum']} | {cells} | "
+            print(f"| {_label(r['strategy'], {}).split(' | ')[0]} | {r['accum']} | {cells} | "
                   f"{r['whole_s']} / {r['scaled_s']} |")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1, default=str))
