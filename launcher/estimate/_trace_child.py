@@ -534,6 +534,23 @@ def cpu_allocation_events(prof: Any) -> list[Any]:
 
 
 _PRIM_DEVICE = torch.ops.prim.device.default
+_LOCAL_SCALAR_DENSE = torch.ops.aten._local_scalar_dense.default
+#: Optimizers whose step reads ``.item()`` only into scalar factors of its update, never into a
+#: shape or a branch that allocates: torch's Adafactor (``p.norm().item()`` for its relative step
+#: size, ``update.norm().item()`` for its update clipping, in the for-loop and foreach
+#: implementations alike). On fake tensors those values do not exist; the tracker answers them
+#: with a placeholder (``_placeholder``) during these optimizers' steps only, where the bytes
+#: cannot depend on them, instead of failing into the real-run or upper-bound fallback.
+_ITEM_ONLY_SCALES: tuple[type[torch.optim.Optimizer], ...] = (torch.optim.Adafactor,)
+
+
+def _placeholder(t: torch.Tensor) -> bool | int | float | complex:
+    """A value of ``t.item()``'s Python type, for a fake tensor that has none."""
+    if t.dtype == torch.bool:
+        return True
+    if t.is_complex():
+        return 1.0 + 0j
+    return 1.0 if t.is_floating_point() else 1
 
 
 CATEGORIES = ("PARAM", "BUFFER", "GRAD", "ACT", "TEMP", "OPT", "OTH")
@@ -574,7 +591,7 @@ def _make_tracker(device_type: str, probe: ScratchProbe | None) -> Any:
     """
     import weakref
 
-    from torch._subclasses.fake_tensor import FakeTensor
+    from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensor
     from torch.optim.optimizer import (
         register_optimizer_step_post_hook,
         register_optimizer_step_pre_hook,
@@ -610,6 +627,7 @@ def _make_tracker(device_type: str, probe: ScratchProbe | None) -> Any:
             self.live = [0] * len(CATEGORIES)  # bytes per category on the traced device
             self._known: Any = WeakIdKeyDictionary()  # storage -> (_Storage, weakref)
             self._in_opt = False
+            self._placeholder_items = False  # in a step of an _ITEM_ONLY_SCALES optimizer
             self._hooks: list[Any] = []
             self._fake_on_entry: Any = None
             self._orig_resize = torch.UntypedStorage.resize_
@@ -699,6 +717,7 @@ def _make_tracker(device_type: str, probe: ScratchProbe | None) -> Any:
                         if p.grad is not None:
                             self.tag(p.grad, _GRAD)
                 self._in_opt = True
+                self._placeholder_items = isinstance(optimizer, _ITEM_ONLY_SCALES)
 
             def post(optimizer: Any, args: Any, kwargs: Any) -> None:
                 for state in optimizer.state.values():
@@ -706,6 +725,7 @@ def _make_tracker(device_type: str, probe: ScratchProbe | None) -> Any:
                         if isinstance(value, torch.Tensor):
                             self.tag(value, _OPT)
                 self._in_opt = False
+                self._placeholder_items = False
 
             self._hooks += [register_optimizer_step_pre_hook(pre),
                             register_optimizer_step_post_hook(post)]
@@ -774,7 +794,12 @@ def _make_tracker(device_type: str, probe: ScratchProbe | None) -> Any:
             if any(ty.__name__ == "DTensor" for ty in types):
                 self._skip_propagation()
                 return NotImplemented  # let DTensor desugar into local ops first (as MemTracker)
-            res = func(*args, **(kwargs or {}))
+            try:
+                res = func(*args, **(kwargs or {}))
+            except DataDependentOutputException:
+                if func is not _LOCAL_SCALAR_DENSE or not self._placeholder_items:
+                    raise
+                res = _placeholder(args[0])  # a scalar factor of the update: no byte depends on it
             if self._uncounted or get_mode(fake_key) is not self._fake_on_entry:
                 return res  # DTensor's propagation (global shapes) or another fake mode's ops
             category = _OPT if self._in_opt else (_TEMP if graph_task() != -1 else _ACT)
