@@ -1012,7 +1012,7 @@ def _trace(request: dict[str, Any], recipe: ModuleType, mode: str) -> dict[str, 
         tracker.phase = 0
         step = build({**request, "grad_accum_steps": traced_accum}, recipe, device,
                      fake=fake is not None, blocks=blocks)
-        model, optimizer = step.model, step.optimizer
+        model, optimizer, digest = step.model, step.optimizer, step.digest
         tracker.track_model(model)
         params = list(model.parameters())
         facts["parameters"] = sum(p.numel() for p in params)
@@ -1066,7 +1066,7 @@ def _trace(request: dict[str, Any], recipe: ModuleType, mode: str) -> dict[str, 
         "categories": cats,
         "b0": b0,
         "traced_accum": traced_accum,
-        "script_sha256": _script.load(_strategy_name(request))[1],
+        "script_sha256": digest,
         "facts": facts,
         "timings": timings,
         "boundary": {k: list(v) for k, v in boundary.items()},
