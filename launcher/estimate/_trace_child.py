@@ -803,7 +803,7 @@ def _make_tracker(device_type: str, probe: ScratchProbe | None) -> Any:
             if self._uncounted or get_mode(fake_key) is not self._fake_on_entry:
                 return res  # DTensor's propagation (global shapes) or another fake mode's ops
             category = _OPT if self._in_opt else (_TEMP if graph_task() != -1 else _ACT)
-            if self.flops is not None and self.phase in (1, 2):
+            if self.flops is not None and self.phase in _MICRO_STEP_PHASES:
                 formula = _flop_registry().get(func._overloadpacket)
                 if formula is not None:
                     self.flops += formula(*args, **(kwargs or {}), out_val=res)
@@ -932,6 +932,8 @@ def _allow_fake_foreach() -> None:
 #: without accumulation leaves out (``launcher.estimate.traced``).
 _PHASE_CODES = {"build": 0, "forward": 1, "backward": 2, "optimizer": 3, "zero_grad": 4,
                 "accum_forward": 5, "accum_backward": 6}
+#: The micro-steps' forward and backward (where the training FLOPs are counted).
+_MICRO_STEP_PHASES = (1, 2, 5, 6)
 #: The script's ``Progress`` phases, as timeline phases.
 _SCRIPT_PHASES = {"data": "forward", "forward": "forward", "backward": "backward",
                   "optimizer": "optimizer", "zero_grad": "zero_grad"}

@@ -58,11 +58,13 @@ def test_the_prestarted_child_probes_then_traces(recipe: Path) -> None:
     assert info.parameters == usual.parameters == 64 * 32 + 32 * 64 + 64
     assert info.flops_per_sample is None  # left to the trace
     assert traced._WARM.get(sys.executable) is child  # kept for the trace
+    # with accumulation, as a preflight traces: every micro-step's FLOPs, per sample
     result = traced.trace_recipe(recipe, device="cpu", micro_batch_sizes=(1, 2),
-                                 count_flops=True)
+                                 count_flops=True, grad_accum_steps=2)
     assert child.poll() is None and traced._WARM[sys.executable] is child  # still warm
     assert result.parameters == usual.parameters
-    again = traced.trace_recipe(recipe, device="cpu", micro_batch_sizes=(1, 2))
+    again = traced.trace_recipe(recipe, device="cpu", micro_batch_sizes=(1, 2),
+                                grad_accum_steps=2)
     assert traced._WARM[sys.executable] is child  # the planner's next trace: the same child
     assert again.peak_at(2) == result.peak_at(2)
     traced._reap()
