@@ -19,8 +19,8 @@ results):
    step: the optimizer phase's peak with foreach and for-loop AdamW.
 4. Depth scaling under a strategy, fake only: an 8-block Llama traced whole and at 2 and 4 blocks
    extrapolated to 8, under DDP (2 ranks), FSDP (4) and hybrid sharding (2x2), with and without
-   accumulation, at micro-batches 1, 2, 4 (traced) and 8 (fitted). The product scales depth
-   under FSDP and hybrid sharding only; the DDP rows lift that guard to show why.
+   accumulation, at micro-batches 1, 2, 4 (traced) and 8 (fitted). The product traces a
+   strategy whole; this part lifts that guard to show why.
 
     .venv/bin/python bench/bench_estimate_dist.py                   # all four parts, ~10 min
     .venv/bin/python bench/bench_estimate_dist.py --part accuracy --archs gpt
@@ -293,7 +293,7 @@ def depth(directory: Path) -> list[dict[str, Any]]:
 
     def unguarded(*args: Any, **kwargs: Any) -> dict[str, Any]:
         request = guarded(*args, **kwargs)
-        request["scale_depth"] = kwargs.get("scale_depth", True)  # DDP too, to measure it
+        request["scale_depth"] = kwargs.get("scale_depth", True)  # the guard lifted
         return request
 
     rows = []

@@ -434,16 +434,18 @@ class Recipe:
 
 def write_recipe(arch: str, directory: str | Path, **config: Any) -> Path:
     """Write ``<directory>/<arch>.py``: a recipe file whose hooks come from this module."""
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"{arch}.py"
-    here = Path(__file__).resolve().parent
-    path.write_text(textwrap.dedent(f"""\
-        import sys
-        sys.path.insert(0, {str(here)!r})
-        from models_zoo import Recipe
+    return hooks_recipe(Path(directory) / f"{arch}.py",
+                        f"from models_zoo import Recipe\n_recipe = Recipe({arch!r}, **{config!r})")
 
-        _recipe = Recipe({arch!r}, **{config!r})
+
+def hooks_recipe(path: Path, setup: str) -> Path:
+    """Write a recipe file at ``path`` whose hooks delegate to ``_recipe``, which ``setup`` (code
+    run with bench/ on sys.path) defines: the estimator then traces it by file path, as it
+    traces a user's script."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    here = Path(__file__).resolve().parent
+    head = f"import sys\nsys.path.insert(0, {str(here)!r})\n{setup}\n"
+    path.write_text(head + textwrap.dedent("""
 
 
         # Top-level functions, so that `launch` classifies the file as a recipe.

@@ -590,12 +590,12 @@ def _request(
         request["real_run_limit_bytes"] = int(real_run_limit_bytes)
     if strategy is not None:
         request["strategy"] = _strategy(strategy)
-        if request["strategy"]["name"] == "ddp":
-            # DDP's gradient buckets are cut by size (25 MiB), so their layout is not linear
-            # in the number of blocks: two and four blocks extrapolated to eight were +15%
-            # over the whole trace. FSDP and hybrid sharding scale (exact at micro-batches 2
-            # and 4, +2..3% at 1: docs/benchmarks.md); DDP is traced whole.
-            request["scale_depth"] = False
+        # Traced whole: a rank's peak is not linear in the depth. DDP's gradient buckets are
+        # cut by size, not by block (2 and 4 blocks extrapolated to 8: +15%); under FSDP the
+        # backward's peak moves between blocks with checkpointing (+10% at 8 blocks, +26% for
+        # a 32-block 7B at 8 ranks) and at micro-batch 1 (+13% for the 7B). A whole 7B rank
+        # traces in 10-14 s here (docs/benchmarks.md, "depth scaling under a strategy").
+        request["scale_depth"] = False
     return request
 
 
