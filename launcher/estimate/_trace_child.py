@@ -927,6 +927,33 @@ def _allow_fake_foreach() -> None:
             types.append(FakeTensor)
 
 
+def _fake_grouped_mm() -> None:
+    """transformers' mixture-of-experts layers (Mixtral, Qwen2-MoE...) call torch's grouped_mm,
+    whose meta kernel (what fake tensors run) accepts only bf16 where the real kernels take fp32
+    too: an fp32 or bf16_mixed trace failed where the real step runs. For fake weights that are
+    not bf16 the layers take transformers' own grouped-matmul op instead (what it does under
+    torch.compile for the same reason): the same output and saved tensors, and a fake kernel.
+    Applied once the recipe has imported transformers; real tensors are untouched."""
+    if "transformers" not in sys.modules:
+        return
+    try:
+        from transformers.integrations import moe
+    except ImportError:
+        return
+    real = getattr(moe, "_can_use_grouped_mm", None)
+    if real is None or getattr(real, "_launch_fake_aware", False):
+        return
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    def can_use_grouped_mm(input: Any, weight: Any, offs: Any) -> bool:
+        if isinstance(weight, FakeTensor) and weight.dtype != torch.bfloat16:
+            return False
+        return real(input, weight, offs)
+
+    can_use_grouped_mm._launch_fake_aware = True  # type: ignore[attr-defined]
+    moe._can_use_grouped_mm = can_use_grouped_mm
+
+
 #: The phases of the timeline. A micro-step after the first of a step runs with the earlier
 #: micro-steps' gradients alive: its forward and backward are phases of their own, which a plan
 #: without accumulation leaves out (``launcher.estimate.traced``).
@@ -1218,6 +1245,7 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
         # the script seeds every rank before it imports the recipe (random numbers at import)
         _script.load(_strategy_name(request))[0].seed_all(request.get("seed", 0))
         recipe = load_recipe(recipe_file)
+        _fake_grouped_mm()
     except RecipeError as exc:
         return {"ok": False, "error": _describe(exc, recipe_file)}
     except BaseException as exc:  # noqa: BLE001 - anything the user's import raises

@@ -34,8 +34,8 @@ reach it as data, in ``recipe.json`` next to it, never spliced into code. What i
   in a ``ModuleList`` (the decoder or encoder layers), found in the built model.
 
 Two transformers paths that differ on fake tensors are set to what a real run takes (the packed-
-sequence test, and grouped_mm for mixture-of-experts layers; see ``_as_on_real_tensors`` in the
-recipe and docs/estimator.md, "Hugging Face configs").
+sequence test; see ``_as_on_real_tensors`` in the recipe and docs/estimator.md, "Hugging Face
+configs").
 
 A model_type or architecture transformers does not know raises ``UnknownArchitecture`` in the
 recipe, which the trace reports as a ``TraceError``; the caller falls back to the analytic
@@ -162,36 +162,19 @@ def _unpacked(position_ids):
 
 @functools.cache
 def _as_on_real_tensors():
-    """Two places where transformers, given fake tensors, would not run what it runs on real ones.
+    """Where transformers, given fake tensors, would not run what it runs on real ones.
 
-    1. It checks whether the positions pack several sequences in one row, a data-dependent test
-       it skips on fake tensors, assuming packing: it then builds a [b, 1, s, s] mask, and with a
-       mask SDPA copies GQA's keys and values for every head. The batches here are never packed,
-       so the answer is known: no packing, as a run on real tensors finds.
-    2. Mixture-of-experts layers call torch's grouped_mm, whose meta kernel (what fake tensors
-       run) accepts only bf16 where the real kernels take fp32 too. For fake fp32 weights the
-       layers take transformers' own grouped-matmul op instead (what it does under
-       torch.compile for the same reason): the same output and saved tensors, and a fake kernel.
+    It checks whether the positions pack several sequences in one row, a data-dependent test it
+    skips on fake tensors, assuming packing: it then builds a [b, 1, s, s] mask, and with a mask
+    SDPA copies GQA's keys and values for every head. The batches here are never packed, so the
+    answer is known: no packing, as a run on real tensors finds. (Mixture-of-experts layers'
+    grouped_mm, whose meta kernel takes only bf16, is the trace child's to handle, for every
+    recipe: launcher.estimate._trace_child._fake_grouped_mm.)
     """
-    from torch._subclasses.fake_tensor import FakeTensor
     from transformers import masking_utils
 
     if hasattr(masking_utils, "find_packed_sequence_indices"):
         masking_utils.find_packed_sequence_indices = _unpacked
-    try:
-        from transformers.integrations import moe
-    except ImportError:
-        return
-    real = getattr(moe, "_can_use_grouped_mm", None)
-    if real is None:
-        return
-
-    def can_use_grouped_mm(input, weight, offs):
-        if isinstance(weight, FakeTensor) and weight.dtype != torch.bfloat16:
-            return False
-        return real(input, weight, offs)
-
-    moe._can_use_grouped_mm = can_use_grouped_mm
 
 
 def build_model():
