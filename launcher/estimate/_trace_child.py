@@ -927,6 +927,29 @@ def _allow_fake_foreach() -> None:
             types.append(FakeTensor)
 
 
+def _fake_trunc_normal() -> None:
+    """``nn.init.trunc_normal_`` (ViT's, Swin's, ConvNeXt's initialiser in transformers) redraws
+    until every value is inside its bounds, reading ``mask.any()``: a value a fake tensor does not
+    have, so the whole trace fell back to real tensors (or, above the real-run limit, failed).
+    Like a meta tensor, which torch's own initialiser already skips, a fake tensor has no values
+    to draw: it is returned as it is. Initial values never change a step's memory, and the
+    rejection sampling's temporaries live in host memory while the model is built."""
+    from torch._subclasses.fake_tensor import FakeTensor
+    from torch.nn import init
+
+    real = init._no_grad_trunc_normal_
+    if getattr(real, "_launch_fake_aware", False):
+        return
+
+    def trunc_normal(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        if isinstance(tensor, FakeTensor):
+            return tensor
+        return real(tensor, *args, **kwargs)
+
+    trunc_normal._launch_fake_aware = True  # type: ignore[attr-defined]
+    init._no_grad_trunc_normal_ = trunc_normal
+
+
 def _fake_grouped_mm() -> None:
     """transformers' mixture-of-experts layers (Mixtral, Qwen2-MoE...) call torch's grouped_mm,
     whose meta kernel (what fake tensors run) accepts only bf16 where the real kernels take fp32
@@ -1003,6 +1026,7 @@ def _trace(request: dict[str, Any], recipe: ModuleType, mode: str) -> dict[str, 
 
     if mode in ("fake", "bound"):
         _allow_fake_foreach()
+        _fake_trunc_normal()
     probe = ScratchProbe(device) if request["device"] == device.type else None
     if request.get("probes") is False:
         probe = None

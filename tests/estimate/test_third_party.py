@@ -15,8 +15,9 @@ import zoo_hf  # noqa: E402
 
 from launcher.estimate.traced import measure_recipe, trace_recipe  # noqa: E402
 
-#: mixtral: grouped_mm experts (a meta kernel that takes only bf16); whisper: a frozen weight.
-MODELS = ("mixtral", "whisper", "bert")
+#: mixtral: grouped_mm experts (a meta kernel that takes only bf16); whisper: a frozen weight;
+#: vit: trunc_normal_ initialisation (a rejection loop that reads values).
+MODELS = ("mixtral", "whisper", "bert", "vit")
 
 
 @pytest.mark.parametrize("name", MODELS)
