@@ -73,3 +73,9 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    # Leave without the interpreter's teardown: with torch 2.13 on the CPU its C++ static
+    # destructors sometimes abort a finished gloo job ("terminate called without an active
+    # exception", exit status -6), which torchrun reports as a failure.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
