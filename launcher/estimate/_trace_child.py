@@ -46,6 +46,7 @@ from typing import Any
 import torch
 
 from launcher.estimate import _script, _workers
+from launcher.estimate.traced import MICRO_PHASES, PHASES
 
 PRECISIONS = ("fp32", "bf16_mixed", "bf16")
 OPTIMIZERS = ("adamw", "sgd", "adafactor", "adam8bit")
@@ -803,7 +804,7 @@ def _make_tracker(device_type: str, probe: ScratchProbe | None) -> Any:
             if self._uncounted or get_mode(fake_key) is not self._fake_on_entry:
                 return res  # DTensor's propagation (global shapes) or another fake mode's ops
             category = _OPT if self._in_opt else (_TEMP if graph_task() != -1 else _ACT)
-            if self.flops is not None and self.phase in _MICRO_STEP_PHASES:
+            if self.flops is not None and self.phase in MICRO_PHASES:  # training FLOPs
                 formula = _flop_registry().get(func._overloadpacket)
                 if formula is not None:
                     self.flops += formula(*args, **(kwargs or {}), out_val=res)
@@ -977,13 +978,8 @@ def _fake_grouped_mm() -> None:
     moe._can_use_grouped_mm = can_use_grouped_mm
 
 
-#: The phases of the timeline. A micro-step after the first of a step runs with the earlier
-#: micro-steps' gradients alive: its forward and backward are phases of their own, which a plan
-#: without accumulation leaves out (``launcher.estimate.traced``).
-_PHASE_CODES = {"build": 0, "forward": 1, "backward": 2, "optimizer": 3, "zero_grad": 4,
-                "accum_forward": 5, "accum_backward": 6}
-#: The micro-steps' forward and backward (where the training FLOPs are counted).
-_MICRO_STEP_PHASES = (1, 2, 5, 6)
+#: The timeline's phase codes (``launcher.estimate.traced.PHASES``, where the parent reads them).
+_PHASE_CODES = {name: code for code, name in PHASES.items()}
 #: The script's ``Progress`` phases, as timeline phases.
 _SCRIPT_PHASES = {"data": "forward", "forward": "forward", "backward": "backward",
                   "optimizer": "optimizer", "zero_grad": "zero_grad"}

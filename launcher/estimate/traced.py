@@ -32,11 +32,15 @@ from launcher.plan.plan import Memory
 Kind = Literal["traced", "real_run", "upper_bound"]
 DEFAULT_SIZES: tuple[int, ...] = (1, 2, 4)
 DEFAULT_TIMEOUT_S = 300.0
-_PHASES = {0: "build", 1: "forward", 2: "backward", 3: "optimizer", 4: "zero_grad",
-           5: "accum_forward", 6: "accum_backward"}
+#: The phases of a trace's timeline, by the code the child records (one home for both sides).
+#: A micro-step after the first of a step runs with the earlier micro-steps' gradients alive:
+#: its forward and backward are phases of their own, which a plan without accumulation leaves
+#: out (``TraceResult.for_accum``).
+PHASES = {0: "build", 1: "forward", 2: "backward", 3: "optimizer", 4: "zero_grad",
+          5: "accum_forward", 6: "accum_backward"}
 #: The timeline's micro-batch phases (forward and backward, of the first micro-step of a step
 #: and of the later ones); the others are the optimizer's and the build's.
-_MICRO_PHASES = (1, 2, 5, 6)
+MICRO_PHASES = (1, 2, 5, 6)
 _OPTIMIZER_PHASES = (3, 4)
 #: Phases only a plan with gradient accumulation has: the micro-steps after the first of a step,
 #: which run with the earlier micro-steps' gradients alive.
@@ -867,7 +871,7 @@ def _result(answer: dict[str, Any], request: dict[str, Any]) -> TraceResult:
         Line(
             intercept=dict(zip(cats, ln["intercept"], strict=True)),
             slope=dict(zip(cats, ln["slope"], strict=True)),
-            phase=_PHASES.get(ln["phase"], str(ln["phase"])),
+            phase=PHASES.get(ln["phase"], str(ln["phase"])),
             segment=ln["segment"],
         )
         for ln in answer["lines"]
@@ -878,9 +882,9 @@ def _result(answer: dict[str, Any], request: dict[str, Any]) -> TraceResult:
         per_size[b] = SizePeak(
             micro_batch=b, peak=round(info["peak"]),
             at_peak=dict(zip(cats, (round(x) for x in info["at_peak"]), strict=True)),
-            phase=_PHASES.get(info["phase"], str(info["phase"])), segment=info["segment"],
+            phase=PHASES.get(info["phase"], str(info["phase"])), segment=info["segment"],
             ops=int(info["ops"]), in_fit=bool(info["fit"]),
-            phases={_PHASES.get(int(ph), str(ph)): dict(zip(cats, (round(x) for x in v),
+            phases={PHASES.get(int(ph), str(ph)): dict(zip(cats, (round(x) for x in v),
                                                             strict=True))
                     for ph, v in info.get("phases", {}).items()},
         )
@@ -948,11 +952,11 @@ def _fit(
     main = segments[f"b{b0}"][0]
     opt_points = np.array([v for p, v in main if p in _OPTIMIZER_PHASES],
                           dtype=np.float64).reshape(-1, ncat)
-    fb = {b: [(p, v) for p, v in segments[f"b{b}"][0] if p in _MICRO_PHASES]
+    fb = {b: [(p, v) for p, v in segments[f"b{b}"][0] if p in MICRO_PHASES]
           for b in sizes + verify}
     fb_ops = {
         b: [op for (p, _), op in zip(segments[f"b{b}"][0], segments[f"b{b}"][1], strict=True)
-            if p in _MICRO_PHASES]
+            if p in MICRO_PHASES]
         for b in sizes + verify
     }
     bound_at = {b: np.array(boundary[f"b{b}"], dtype=np.float64) for b in sizes + verify}
