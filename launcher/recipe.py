@@ -142,10 +142,13 @@ def _run_child(args: list[str], *, python: str, timeout_s: float | None,
     package_root = str(Path(__file__).resolve().parent.parent)
     child_env["PYTHONPATH"] = os.pathsep.join(
         p for p in (package_root, child_env.get("PYTHONPATH", "")) if p)
+    from launcher.processes import die_with_parent
+
     try:
         proc = subprocess.run(
             [python, "-m", "launcher.recipe", *args], capture_output=True, text=True,
             timeout=timeout, env=child_env, cwd=str(path.resolve().parent), check=False,
+            preexec_fn=die_with_parent(),  # a launch killed with -9 takes its probe along
         )
     except subprocess.TimeoutExpired:
         raise _too_slow(path, timeout) from None

@@ -7,11 +7,16 @@
         checkpoints/      shared by all attempts, so a resubmission resumes
 
 Every file is replaced atomically (write a temporary file, fsync, rename), so a launcher killed at
-any moment leaves either the old or the new content, never half of one.
+any moment leaves either the old or the new content, never half of one. ``attempts.jsonl`` is
+read-modified-written under an exclusive lock, so a `cancel` and an `attach` at once both land. A
+file that is not what launch wrote (edited, truncated by a full disk) is a usage error naming the
+file, never an internal one. Run folders are the user's alone (0700).
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import secrets
@@ -19,9 +24,11 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from launcher.status import UsageError
+
+T = TypeVar("T")
 
 
 def atomic_write(path: Path, text: str) -> None:
@@ -40,6 +47,29 @@ def atomic_write(path: Path, text: str) -> None:
 
 def write_json(path: Path, data: Any) -> None:
     atomic_write(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def corrupt(path: Path, why: str) -> UsageError:
+    return UsageError(f"the state file {path} is corrupt ({why})",
+                      f"restore or delete it; `rm -r {path.parent}` forgets that run")
+
+
+def read_state(path: Path, kind: type[T]) -> T | None:
+    """A JSON state file, ``None`` when it does not exist; one that does not parse, or holds
+    something other than ``kind``, is a usage error that says which file and what to do."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise corrupt(path, str(getattr(exc, "strerror", None) or exc)) from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise corrupt(path, f"not JSON: {exc.msg} at line {exc.lineno}") from None
+    if not isinstance(data, kind):
+        raise corrupt(path, f"expected a JSON {kind.__name__}")
+    return data
 
 
 @dataclass
@@ -62,7 +92,11 @@ class Attempt:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Attempt:
         names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
+        attempt = cls(**{k: v for k, v in data.items() if k in names})
+        if not isinstance(attempt.number, int) or not isinstance(attempt.plan, dict) or not (
+                attempt.job_id is None or isinstance(attempt.job_id, str)):
+            raise TypeError("an attempt needs an integer number, a plan and a job id")
+        return attempt
 
 
 class Run:
@@ -76,16 +110,23 @@ class Run:
     def create(cls, state_dir: Path, stem: str, info: dict[str, Any]) -> Run:
         runs = state_dir / "runs"
         try:
-            runs.mkdir(parents=True, exist_ok=True)
+            runs.mkdir(mode=0o700, parents=True, exist_ok=True)
             probe = runs / f".write-test-{secrets.token_hex(4)}"
             probe.touch()
             probe.unlink()
         except OSError as exc:
             raise UsageError(f"cannot write the state folder {state_dir}: {exc.strerror}",
                              "set LAUNCH_STATE_DIR to a writable folder") from None
-        run_id = f"{_slug(stem)}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
-        run = cls(runs / run_id)
-        run.path.mkdir()
+        for _ in range(8):  # 32 random bits a second: a clash is a retry, not an error
+            run_id = f"{_slug(stem)}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(4)}"
+            run = cls(runs / run_id)
+            try:
+                run.path.mkdir(mode=0o700)
+                break
+            except FileExistsError:
+                continue
+        else:
+            raise UsageError(f"cannot create a new run folder under {runs}")
         write_json(run.path / "run.json", {"id": run_id, "created_at": time.time(), **info})
         return run
 
@@ -107,7 +148,12 @@ class Run:
 
     @property
     def info(self) -> dict[str, Any]:
-        return json.loads((self.path / "run.json").read_text())
+        info = read_state(self.path / "run.json", dict)
+        if info is None:
+            raise corrupt(self.path / "run.json", "missing")
+        if not isinstance(info.get("provider"), str) or not isinstance(info.get("spec", {}), dict):
+            raise corrupt(self.path / "run.json", "no provider, or a spec that is not a table")
+        return info
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -118,17 +164,54 @@ class Run:
 
     def attempts(self) -> list[Attempt]:
         path = self.path / "attempts.jsonl"
-        if not path.exists():
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
             return []
-        return [Attempt.from_dict(json.loads(line))
-                for line in path.read_text().splitlines() if line.strip()]
+        except (OSError, UnicodeDecodeError) as exc:
+            raise corrupt(path, str(getattr(exc, "strerror", None) or exc)) from None
+        found = []
+        for number, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                found.append(Attempt.from_dict(json.loads(line)))
+            except (json.JSONDecodeError, TypeError, AttributeError) as exc:
+                raise corrupt(path, f"line {number}: {exc}") from None
+        return found
 
     def save_attempt(self, attempt: Attempt) -> None:
-        """Insert or replace the attempt's line; the whole file is replaced atomically."""
-        others = [a for a in self.attempts() if a.number != attempt.number]
-        lines = sorted([*others, attempt], key=lambda a: a.number)
-        atomic_write(self.path / "attempts.jsonl",
-                     "".join(json.dumps(asdict(a), sort_keys=True) + "\n" for a in lines))
+        """Insert or replace the attempt's line; the whole file is replaced atomically, under an
+        exclusive lock so that two launch processes never lose each other's update."""
+        with self._locked():
+            others = [a for a in self.attempts() if a.number != attempt.number]
+            lines = sorted([*others, attempt], key=lambda a: a.number)
+            atomic_write(self.path / "attempts.jsonl",
+                         "".join(json.dumps(asdict(a), sort_keys=True) + "\n" for a in lines))
+
+    def update_attempt(self, number: int, **changes: Any) -> Attempt:
+        """Change some fields of one recorded attempt, reading it under the lock (a concurrent
+        writer's other fields survive)."""
+        with self._locked():
+            current = {a.number: a for a in self.attempts()}
+            if number not in current:
+                raise UsageError(f"run {self.id} has no attempt {number}")
+            attempt = current[number]
+            for key, value in changes.items():
+                setattr(attempt, key, value)
+            atomic_write(self.path / "attempts.jsonl", "".join(
+                json.dumps(asdict(a), sort_keys=True) + "\n"
+                for a in sorted(current.values(), key=lambda a: a.number)))
+            return attempt
+
+    @contextlib.contextmanager
+    def _locked(self) -> Any:
+        fd = os.open(self.path / ".attempts.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
 
 
 def _slug(text: str) -> str:

@@ -151,10 +151,8 @@ class Supervisor:
         change = "first attempt"
         for number in range(1, spec.max_attempts + 1):
             job = self.prepare(spec, plan, number)
-            _request, job_id = self.provider.submit(job)
-            attempt = Attempt(number=number, plan=plan.to_dict(), change=change, job_id=job_id,
-                              state="running", cost_usd=0.0 if spec.provider == "local" else None)
-            self.run.save_attempt(attempt)
+            attempt = self.submit(job, change, cost_usd=0.0 if spec.provider == "local" else None)
+            job_id = attempt.job_id
             attempts.append(attempt)
             self.on_note(f"attempt {number}: {plan.strategy} on {plan.machine}, micro-batch "
                          f"{plan.micro_batch_size} x {plan.grad_accum_steps} accumulation x "
@@ -191,6 +189,25 @@ class Supervisor:
             self.on_note(f"replanned: {change}")
         return RunOutcome(self.run, ExitStatus.OUT_OF_MEMORY, attempts,
                           f"still out of memory after {spec.max_attempts} attempts")
+
+    def submit(self, job: Job, change: str, cost_usd: float | None = None) -> Attempt:
+        """``provider.submit``, with the intent written ahead: the attempt is on disk as
+        ``submitting`` before the cloud create, so a launcher killed in between leaves a record
+        that the next `status`/`attach` completes by the job's deterministic name (``adopt``)."""
+        request = self.provider.dryrun(job)
+        attempt = Attempt(number=job.attempt, plan=job.plan.to_dict(), change=change,
+                          state="submitting", cost_usd=cost_usd)
+        self.run.save_attempt(attempt)
+        try:
+            attempt.job_id = self.provider.schedule(request)
+        except Exception as exc:  # refused; an interrupt leaves "submitting", for ``adopt``
+            attempt.state, attempt.outcome, attempt.ended_at = "failed", "failed", time.time()
+            attempt.summary = {"message": f"not submitted: {exc}"}
+            self.run.save_attempt(attempt)
+            raise
+        attempt.state = "running"
+        self.run.save_attempt(attempt)
+        return attempt
 
     def follow(self, attempt: Attempt) -> Progress:
         """Stream the job's lines until it ends; stop it on the first out-of-memory line.
@@ -269,3 +286,50 @@ class Supervisor:
                          model_key(script), attempt.plan, attempt.summary)
         except OSError:
             pass
+
+
+def adopt_unrecorded(run: Run, provider: Provider) -> list[Attempt]:
+    """Complete the record of attempts a launcher wrote ahead but did not live to finish: find
+    each ``submitting`` attempt's job by its deterministic name; one that was never created ends
+    as failed. Returns the run's attempts as they now stand."""
+    for attempt in run.attempts():
+        if attempt.state != "submitting" or attempt.job_id:
+            continue
+        job_id = provider.adopt(run.id, attempt.number, run.attempt_dir(attempt.number))
+        if job_id is not None:
+            run.update_attempt(attempt.number, job_id=job_id, state="running")
+        else:
+            run.update_attempt(
+                attempt.number, state="failed", outcome="failed", ended_at=time.time(),
+                summary={"message": "never submitted: the launcher stopped before the job "
+                                    "was created"})
+    return run.attempts()
+
+
+#: How long `cancel` waits for a job to reach a terminal state after asking it to stop.
+CANCEL_WAIT_S = 30.0
+
+
+def cancel_attempt(run: Run, provider: Provider, attempt: Attempt,
+                   wait_s: float = CANCEL_WAIT_S) -> Attempt:
+    """Stop the attempt's job, wait until it has ended and nothing of it runs any more, and
+    record the attempt as cancelled (what `launch cancel` and ``--cancel-on-interrupt`` do)."""
+    assert attempt.job_id is not None
+    provider.stop(attempt.job_id)
+    deadline = time.monotonic() + wait_s
+    status = provider.poll(attempt.job_id)
+    while not status.terminal and time.monotonic() < deadline:
+        time.sleep(0.1)
+        status = provider.poll(attempt.job_id)
+    left = provider.residue(attempt.job_id) if status.terminal else []
+    if left:  # a process the stop did not reach: once more, then it is an error
+        provider.stop(attempt.job_id)
+        left = provider.residue(attempt.job_id)
+    message = status.message or "stopped on request"
+    if not status.terminal:
+        message = f"asked to stop; still {status.state} after {wait_s:g} s"
+    if left:
+        message += f"; processes {left} are still running"
+    return run.update_attempt(
+        attempt.number, state=status.state, outcome="cancelled", exit_code=status.exit_code,
+        ended_at=time.time(), summary={**attempt.summary, "message": message})

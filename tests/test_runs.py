@@ -41,3 +41,53 @@ def test_atomic_write_leaves_old_content_on_failure(tmp_path, monkeypatch):
         atomic_write(path, "new")
     assert path.read_text() == "old"
     assert [p.name for p in tmp_path.iterdir()] == ["x.json"]  # no temp file left behind
+
+
+def test_run_folders_are_private_and_a_clashing_id_is_retried(tmp_path, monkeypatch):
+    first = Run.create(tmp_path, "clash", {"provider": "local"})
+    assert first.path.stat().st_mode & 0o077 == 0
+    assert (tmp_path / "runs").stat().st_mode & 0o077 == 0
+    suffix = first.id.rsplit("-", 1)[1]
+    tokens = iter([suffix, suffix, "0badc0de"])
+    monkeypatch.setattr("launcher.runs.secrets.token_hex", lambda n: next(tokens, "feedf00d"))
+    monkeypatch.setattr("launcher.runs.time.strftime", lambda fmt: first.id.split("-", 1)[1]
+                        .rsplit("-", 1)[0])
+    second = Run.create(tmp_path, "clash", {"provider": "local"})
+    assert second.id != first.id and second.id.endswith("0badc0de")
+
+
+def test_concurrent_updates_of_different_attempts_are_all_kept(tmp_path):
+    """Two launch processes (here: threads, each with its own lock file handle) updating the
+    same run: without the lock, read-modify-write loses one side's lines."""
+    import threading
+
+    run = Run.create(tmp_path, "busy", {"provider": "local"})
+
+    def writer(number: int) -> None:
+        mine = Run.open(tmp_path, run.id)
+        for step in range(60):
+            mine.save_attempt(Attempt(number=number, plan={}, summary={"step": step}))
+
+    threads = [threading.Thread(target=writer, args=(n,)) for n in (1, 2, 3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert {a.number: a.summary["step"] for a in run.attempts()} == {1: 59, 2: 59, 3: 59}
+
+
+@pytest.mark.parametrize("content", ['{"number": 1, "plan"', "[1, 2]",
+                                     '{"number": "one", "plan": {}}', "\xff\xfe"])
+def test_corrupt_attempts_file_is_a_usage_error_naming_it(tmp_path, content):
+    run = Run.create(tmp_path, "bad", {"provider": "local"})
+    (run.path / "attempts.jsonl").write_text(content, encoding="latin-1")
+    with pytest.raises(UsageError, match="attempts.jsonl"):
+        run.attempts()
+
+
+@pytest.mark.parametrize("content", ["", "{", '["not", "a", "table"]', '{"id": "x"}'])
+def test_corrupt_run_file_is_a_usage_error_naming_it(tmp_path, content):
+    run = Run.create(tmp_path, "bad", {"provider": "local"})
+    (run.path / "run.json").write_text(content)
+    with pytest.raises(UsageError, match="run.json"):
+        _ = run.info

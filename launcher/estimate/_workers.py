@@ -131,11 +131,15 @@ def run_all(requests: list[dict[str, Any]], serve: Callable[[dict[str, Any]], di
 
 def _forked(requests: list[dict[str, Any]], serve: Callable[[dict[str, Any]], dict[str, Any]],
             ) -> list[dict[str, Any]]:
+    from launcher.processes import die_with_parent
+
     children = []
+    arm = die_with_parent()  # a worker dies with the child, however the child dies
     for request in requests:
         read_fd, write_fd = os.pipe()
         pid = os.fork()
         if pid == 0:  # the worker
+            arm()
             os.close(read_fd)
             answer = work(request, serve)
             with os.fdopen(write_fd, "w") as out:
@@ -155,11 +159,14 @@ def _forked(requests: list[dict[str, Any]], serve: Callable[[dict[str, Any]], di
 def _spawned(requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Workers as fresh interpreters (``python -m launcher.estimate._trace_child --worker``), in
     this process's group: the parent's timeout kills them with it."""
+    from launcher.processes import die_with_parent
+
     procs = []
     for request in requests:
         proc = subprocess.Popen(
             [sys.executable, "-m", "launcher.estimate._trace_child", "--worker"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            preexec_fn=die_with_parent())
         assert proc.stdin is not None
         proc.stdin.write(json.dumps(request))
         proc.stdin.close()

@@ -750,10 +750,13 @@ def _spawn(python: str, warm: bool = False) -> subprocess.Popen[str]:
     env.setdefault("PYTHONUNBUFFERED", "1")
     if warm:
         env["LAUNCH_TRACE_WARM"] = "1"  # warm up the lazily imported fake-tensor modules too
+    from launcher.processes import die_with_parent
+
     return subprocess.Popen(
         [python, "-m", "launcher.estimate._trace_child"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         env=env, text=True, start_new_session=True,  # its own group: a timeout kills it all
+        preexec_fn=die_with_parent(),  # and a launch killed with -9 takes it along
     )
 
 

@@ -88,3 +88,13 @@ class Provider(abc.ABC):
     @abc.abstractmethod
     def stop(self, job_id: str) -> None:
         """Stop the job now; calling it on a finished job does nothing."""
+
+    def adopt(self, run_id: str, attempt: int, attempt_dir: Path) -> str | None:
+        """The job id of an attempt that was (maybe) created but never recorded, found by the
+        name or labels the dry run gives it; ``None`` if there is no such job."""
+        return None
+
+    def residue(self, job_id: str) -> list[int]:
+        """What of an ended job still runs (the local provider's processes); a cloud's job is
+        gone once its state is terminal."""
+        return []

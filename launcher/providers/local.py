@@ -5,12 +5,18 @@ rank's output, prefixed ``[rankN]:`` by torchrun's tee), ``runner.json`` (the pi
 runner) and, once it ends, ``exit.json``. The runner (``launcher.providers.local_runner``) is
 started in its own session, so the job outlives a launcher that is killed or detached, and any
 `launch` process can follow, stop or read it from the folder alone: the job id is its path.
+
+The job sees the launcher's environment without cloud credentials (``CREDENTIAL_ENV``): a local
+run needs none, and a script that logs its environment must not log them. Set
+``LAUNCH_LOCAL_PASS_CREDENTIALS=1`` for a script that reads from a bucket itself. Its log files
+are the user's alone (0600, in a 0700 run folder), like the rest of the state.
 """
 
 from __future__ import annotations
 
-import json
+import hashlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -19,12 +25,40 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from launcher import processes
 from launcher.providers.base import Job, JobStatus, Provider
-from launcher.runs import write_json
+from launcher.runs import read_state, write_json
 from launcher.status import UsageError
 
 #: Threads per worker: torchrun's own default, set explicitly so it does not print its banner.
 OMP_THREADS = "1"
+
+#: Environment variables that carry cloud credentials (or point at them): kept from local jobs.
+#: Regions, profiles' names and endpoints are not secrets and stay.
+CREDENTIAL_ENV = re.compile(
+    r"^(AWS_(ACCESS_KEY_ID|SECRET_ACCESS_KEY|SESSION_TOKEN|SECURITY_TOKEN|SHARED_CREDENTIALS_FILE"
+    r"|WEB_IDENTITY_TOKEN_FILE|CONTAINER_CREDENTIALS_\w+|CONTAINER_AUTHORIZATION_TOKEN\w*"
+    r"|BEARER_TOKEN_\w+)"
+    r"|GOOGLE_APPLICATION_CREDENTIALS|GOOGLE_OAUTH_ACCESS_TOKEN|GOOGLE_CREDENTIALS"
+    r"|CLOUDSDK_AUTH_\w+|GCE_METADATA_\w*TOKEN\w*"
+    r"|AZURE_(CLIENT_SECRET|CLIENT_CERTIFICATE_\w+|PASSWORD|FEDERATED_TOKEN_FILE))$")
+
+#: How long a job may be recorded without a runner before it counts as never started.
+START_TIMEOUT_S = 30.0
+
+
+def job_environ(environ: dict[str, str]) -> dict[str, str]:
+    """The environment a local job starts from: the launcher's, less cloud credentials unless
+    ``LAUNCH_LOCAL_PASS_CREDENTIALS=1`` asks for them."""
+    if environ.get("LAUNCH_LOCAL_PASS_CREDENTIALS") == "1":
+        return dict(environ)
+    return {k: v for k, v in environ.items() if not CREDENTIAL_ENV.match(k)}
+
+
+def job_token(attempt_dir: Path) -> str:
+    """The token every process of one local job carries (``launcher.processes``): derived from
+    the attempt's folder, so a later `launch cancel` finds the same processes."""
+    return hashlib.sha256(str(Path(attempt_dir).resolve()).encode()).hexdigest()[:24]
 
 
 @dataclass(frozen=True)
@@ -45,13 +79,14 @@ class LocalRequest:
 class LocalProvider(Provider):
     name = "local"
 
-    def __init__(self, python: str | None = None):
+    def __init__(self, python: str | None = None, environ: dict[str, str] | None = None):
         self.python = python or sys.executable
+        self.environ = environ  # the launcher's (injectable in tests); os.environ if None
 
     @classmethod
     def from_settings(cls, settings: dict[str, Any], environ: dict[str, str] | None = None
                       ) -> LocalProvider:
-        return cls(python=settings.get("python"))
+        return cls(python=settings.get("python"), environ=environ)
 
     def dryrun(self, job: Job) -> LocalRequest:
         plan = job.plan
@@ -75,6 +110,7 @@ class LocalProvider(Provider):
             "LAUNCH_ATTEMPT": str(job.attempt),
             "OMP_NUM_THREADS": OMP_THREADS,
             "PYTHONUNBUFFERED": "1",
+            processes.TOKEN_VAR: job_token(job.attempt_dir),
         }
         return LocalRequest(
             argv=argv, cwd=str(job.code_dir), env=env, job_dir=str(job.attempt_dir),
@@ -84,42 +120,62 @@ class LocalProvider(Provider):
 
     def schedule(self, request: LocalRequest) -> str:  # type: ignore[override]
         job_dir = Path(request.job_dir)
+        job_dir.mkdir(parents=True, exist_ok=True)
         write_json(job_dir / "request.json", request.to_dict())
-        Path(request.log_file).touch()
+        os.close(os.open(request.log_file, os.O_WRONLY | os.O_CREAT, 0o600))
         # The runner is this package's module; make sure the child imports this same copy.
-        env = dict(os.environ)
+        env = job_environ(dict(os.environ if self.environ is None else self.environ))
         root = str(Path(__file__).resolve().parents[2])
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
-        with open(job_dir / "runner.err", "ab") as errors:
-            subprocess.Popen(
+        errors_fd = os.open(job_dir / "runner.err", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        with open(errors_fd, "ab") as errors:
+            runner = subprocess.Popen(
                 [self.python, "-m", "launcher.providers.local_runner", str(job_dir)],
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=errors,
                 start_new_session=True, env=env, close_fds=True,
             )
-        # Wait (briefly) for the runner to record its pid, so an immediate stop can find it.
-        deadline = time.monotonic() + 10
-        while not (job_dir / "runner.json").exists() and time.monotonic() < deadline:
-            if (job_dir / "exit.json").exists():
-                break
-            time.sleep(0.01)
+        # Recorded by us, at once: a runner that dies before it could say so is still found.
+        write_json(job_dir / "runner.json", {"pid": runner.pid, "started_at": time.time(),
+                                              "start_ticks": processes.start_ticks(runner.pid)})
         return str(job_dir)
+
+    def adopt(self, run_id: str, attempt: int, attempt_dir: Path) -> str | None:
+        """The job of an attempt whose launcher died between starting it and recording it."""
+        return str(attempt_dir) if (attempt_dir / "runner.json").exists() else None
 
     def poll(self, job_id: str) -> JobStatus:
         job_dir = Path(job_id)
         exit_file = job_dir / "exit.json"
-        if exit_file.exists():
-            data = json.loads(exit_file.read_text())
-            return JobStatus(state=data["state"], exit_code=data.get("returncode"),
+        data = read_state(exit_file, dict)
+        if data is not None:
+            return JobStatus(state=data.get("state", "failed"), exit_code=data.get("returncode"),
                              message=data.get("message", ""))
-        runner = _read_json(job_dir / "runner.json")
+        runner = read_state(job_dir / "runner.json", dict)
         if runner is None:
+            request = job_dir / "request.json"
+            if request.exists() and time.time() - request.stat().st_mtime > START_TIMEOUT_S:
+                return self._died(job_dir, "the local runner never started")
             return JobStatus(state="pending")
-        if _alive(runner["pid"]):
+        if processes.alive(int(runner["pid"]), runner.get("start_ticks")):
             return JobStatus(state="running")
         # Exited between the two reads, or killed before it could write exit.json.
         if exit_file.exists():
             return self.poll(job_id)
-        return JobStatus(state="failed", message="the local runner died without an exit status")
+        return self._died(job_dir, "the local runner died without an exit status")
+
+    def _died(self, job_dir: Path, why: str) -> JobStatus:
+        """Record a job whose runner is gone as failed, after stopping what it left running."""
+        left = processes.kill_tagged(job_token(job_dir))
+        errors = _tail(job_dir / "runner.err")
+        message = why + (f" ({errors})" if errors else "") + (
+            f"; processes {left} could not be stopped" if left else "")
+        write_json(job_dir / "exit.json", {"state": "failed", "returncode": None,
+                                            "message": message, "ended_at": time.time()})
+        return JobStatus(state="failed", message=message)
+
+    def residue(self, job_id: str) -> list[int]:
+        """Processes of the job still alive (after it ended, this must be empty)."""
+        return processes.tagged(job_token(Path(job_id)))
 
     def logs(self, job_id: str, cursor: Any = None) -> tuple[list[str], int]:
         offset = int(cursor or 0)
@@ -138,31 +194,24 @@ class LocalProvider(Provider):
         return lines, offset + len(chunk)
 
     def stop(self, job_id: str) -> None:
-        runner = _read_json(Path(job_id) / "runner.json")
-        if runner is None or (Path(job_id) / "exit.json").exists():
+        """SIGTERM to the runner (it stops its tree); with no runner left, kill the job's
+        processes directly. Either way, the caller waits for a terminal state."""
+        job_dir = Path(job_id)
+        if (job_dir / "exit.json").exists():
+            processes.kill_tagged(job_token(job_dir))
             return
-        try:
-            os.kill(runner["pid"], signal.SIGTERM)
-        except ProcessLookupError:
-            pass
+        runner = read_state(job_dir / "runner.json", dict)
+        if runner is not None and processes.alive(int(runner["pid"]), runner.get("start_ticks")):
+            processes.signal_all([int(runner["pid"])], signal.SIGTERM)
+        else:
+            processes.kill_tagged(job_token(job_dir))
 
 
-def _read_json(path: Path) -> dict[str, Any] | None:
+def _tail(path: Path, limit: int = 300) -> str:
+    """The runner's last words, on one line."""
     try:
-        return json.loads(path.read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie still answers kill(0); it has exited all the same.
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+        text = path.read_bytes()[-4096:].decode("utf-8", errors="replace").strip()
     except OSError:
-        return True
+        return ""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return lines[-1][:limit] if lines else ""

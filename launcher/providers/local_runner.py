@@ -3,8 +3,10 @@
 Run as ``python -m launcher.providers.local_runner JOB_DIR`` in a session of its own. It applies the
 memory cap (RLIMIT_AS, inherited by torchrun and every worker, so an allocation past it fails with
 the allocator's own out-of-memory error), sends all output to ``output.log``, and on SIGTERM stops
-torchrun and its workers (torchrun starts each worker in a session of its own, so they are found by
-parent pid, not by process group). It imports nothing heavy: it must start fast and stay small.
+torchrun and its workers. No process of the job outlives it (``launcher.processes``): torchrun gets
+SIGTERM from the kernel if the runner is killed (and stops its workers); the runner is the
+subreaper of its tree, so workers of a torchrun that was killed come back to it; and at the end it
+kills whatever still carries the job's token. It imports nothing heavy: it must start fast.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 
+from launcher import processes
 from launcher.runs import write_json
 
 #: Seconds between SIGTERM and SIGKILL when a job is stopped. Short on purpose: a job is stopped
@@ -26,51 +29,29 @@ from launcher.runs import write_json
 GRACE_S = 1.0
 
 
-def _children(pid: int) -> list[int]:
-    """Every descendant of ``pid``, read from /proc (no psutil needed on Linux)."""
-    parents: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        parents.setdefault(ppid, []).append(int(entry.name))
-    found, todo = [], [pid]
-    while todo:
-        for child in parents.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
-def _signal_all(pids: list[int], sig: int) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            pass
-
-
 def main(job_dir: Path) -> int:
     request = json.loads((job_dir / "request.json").read_text())
-    write_json(job_dir / "runner.json", {"pid": os.getpid(), "started_at": time.time()})
     env = {**os.environ, **request["env"]}
+    token = request["env"].get(processes.TOKEN_VAR)
     limit = request.get("memory_limit_bytes")
     if limit:
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    processes.become_subreaper()
     stopping: dict[str, float | None] = {"at": None}
 
-    with open(request["log_file"], "ab", buffering=0) as log:
+    fd = os.open(request["log_file"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    with open(fd, "ab", buffering=0) as log:
         proc = subprocess.Popen(request["argv"], cwd=request["cwd"], env=env, stdout=log,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                preexec_fn=processes.die_with_parent(signal.SIGTERM))
+
+        def everyone() -> list[int]:
+            mine = processes.descendants(os.getpid())
+            return sorted({*mine, *(processes.tagged(token) if token else [])})
 
         def stop(signum: int, _frame: object) -> None:
             stopping["at"] = stopping["at"] or time.monotonic()
-            tree = [proc.pid, *_children(proc.pid)]
-            _signal_all(tree, signal.SIGTERM)
+            processes.signal_all(everyone(), signal.SIGTERM)
 
         signal.signal(signal.SIGTERM, stop)
         signal.signal(signal.SIGINT, stop)
@@ -81,19 +62,36 @@ def main(job_dir: Path) -> int:
             except subprocess.TimeoutExpired:
                 since = stopping["at"]
                 if since is not None and time.monotonic() - since > GRACE_S:
-                    _signal_all([proc.pid, *_children(proc.pid)], signal.SIGKILL)
-        # Workers torchrun left behind (it was killed before it could reap them).
-        _signal_all(_children(os.getpid()), signal.SIGKILL)
+                    processes.signal_all(everyone(), signal.SIGKILL)
+        # Workers torchrun left behind (it was killed before it could stop them).
+        processes.signal_all(everyone(), signal.SIGKILL)
+        left = processes.kill_tagged(token) if token else []
+        _reap()
 
     if stopping["at"] is not None:
         state, message = "cancelled", "stopped on request"
     elif returncode == 0:
         state, message = "succeeded", ""
+    elif returncode < 0:
+        state, message = "failed", f"torchrun was killed by {signal.Signals(-returncode).name}"
     else:
         state, message = "failed", f"torchrun exited with status {returncode}"
+    if left:
+        message += f"; processes {left} could not be stopped"
     write_json(job_dir / "exit.json", {"state": state, "returncode": returncode,
                                         "message": message, "ended_at": time.time()})
     return 0
+
+
+def _reap() -> None:
+    """Collect the exit status of re-parented orphans (we are their subreaper)."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
 
 
 if __name__ == "__main__":

@@ -172,3 +172,32 @@ def test_plan_of_a_recipe_that_kills_its_trace_is_a_one_line_error(tmp_path: Pat
     assert "Traceback" not in proc.stderr and "internal error" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) <= 2
     assert "SIGKILL" in proc.stderr
+
+
+def test_kill_9_of_launch_during_a_preflight_leaves_no_trace_process(tmp_path: Path) -> None:
+    """A launch killed while its trace stalls: the trace child and its worker die with it (the
+    kernel's parent-death signal), however long the stalled trace would have gone on."""
+    from launcher import processes
+
+    path = _write(tmp_path, "stall", STALL)
+    launch = Path(sys.executable).parent / "launch"
+    proc = subprocess.Popen([str(launch), "plan", str(path), "--micro-batch-size", "4"],
+                            cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env={**os.environ, "LAUNCH_STATE_DIR": str(tmp_path / "state"),
+                                 "LAUNCH_TRACE_TIMEOUT": "300"})
+    deadline = time.monotonic() + 120
+    tree: list[int] = []
+    while time.monotonic() < deadline:  # until the trace child has a worker: the trace runs
+        tree = processes.descendants(proc.pid)
+        if len(tree) >= 2:
+            break
+        time.sleep(0.1)
+    assert len(tree) >= 2, "the preflight never started its trace worker"
+    time.sleep(1.0)
+    tree = processes.descendants(proc.pid)
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 15
+    while any(processes.alive(pid) for pid in tree) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [pid for pid in tree if processes.alive(pid)]

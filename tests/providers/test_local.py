@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import sys
 import textwrap
 import time
@@ -119,3 +121,128 @@ def test_memory_limit_produces_a_real_cpu_oom(tmp_path):
     assert status.state == "failed"
     text = "\n".join(_all_lines(provider, job_id))
     assert "DefaultCPUAllocator: can't allocate memory" in text
+
+
+# -- nothing leaks, nothing is orphaned ---------------------------------------------------------
+
+from launcher import processes  # noqa: E402
+from launcher.providers.local import job_token  # noqa: E402
+from launcher.status import UsageError  # noqa: E402
+
+SLEEPER = """
+    import os, sys, time
+    pidfile = os.path.join({folder!r}, f"worker-{{os.environ['RANK']}}.pid")
+    open(pidfile, "w").write(str(os.getpid()))
+    print("env", "AWS_SECRET_ACCESS_KEY" in os.environ, os.environ.get("AWS_REGION"), flush=True)
+    time.sleep(600)
+"""
+
+
+def _sleeping_job(tmp_path: Path, provider: LocalProvider, procs: int = 2):
+    job = _job(tmp_path, SLEEPER.format(folder=str(tmp_path)), procs=procs)
+    _request, job_id = provider.submit(job)
+    deadline = time.monotonic() + 60
+    pidfiles = [tmp_path / f"worker-{rank}.pid" for rank in range(procs)]
+    while not all(p.exists() and p.read_text() for p in pidfiles):
+        assert time.monotonic() < deadline, "the workers never started"
+        time.sleep(0.05)
+    workers = [int(p.read_text()) for p in pidfiles]
+    runner = json.loads((Path(job_id) / "runner.json").read_text())["pid"]
+    torchrun = [pid for pid in processes.descendants(runner)
+                if b"torch.distributed.run" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    assert len(torchrun) == 1 and set(workers) <= set(processes.tagged(job_token(Path(job_id))))
+    return job_id, runner, torchrun[0], workers
+
+
+def _gone_within(pids: list[int], seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not any(processes.alive(pid) for pid in pids):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@pytest.mark.parametrize("victim", ["runner", "torchrun", "worker"])
+def test_kill_9_of_any_process_of_the_tree_leaves_no_process(tmp_path, victim):
+    provider = LocalProvider(sys.executable)
+    job_id, runner, torchrun, workers = _sleeping_job(tmp_path, provider)
+    target = {"runner": runner, "torchrun": torchrun, "worker": workers[1]}[victim]
+    os.kill(target, signal.SIGKILL)
+    # Nobody has to look: the tree takes itself down (the kernel's parent-death signal, the
+    # runner as subreaper, torchrun stopping the other rank).
+    assert _gone_within([runner, torchrun, *workers], 40), processes.tagged(job_token(Path(job_id)))
+    status = provider.poll(job_id)
+    assert status.state == "failed"
+    if victim == "runner":
+        assert "runner died" in status.message
+    if victim == "torchrun":
+        assert "SIGKILL" in status.message
+    assert provider.residue(job_id) == []
+
+
+def test_a_dead_runner_with_live_workers_is_stopped_and_recorded(tmp_path):
+    """Belt and braces: even with workers the kernel did not take down (here: stopped from
+    exiting by SIGSTOP), the first poll after the runner's death kills what carries the token."""
+    provider = LocalProvider(sys.executable)
+    job_id, runner, torchrun, workers = _sleeping_job(tmp_path, provider)
+    processes.signal_all([torchrun, *workers], signal.SIGSTOP)
+    os.kill(runner, signal.SIGKILL)
+    assert _gone_within([runner], 10)
+    status = provider.poll(job_id)
+    assert status.state == "failed" and "runner died" in status.message
+    assert _gone_within([torchrun, *workers], 10)
+    assert provider.poll(job_id).state == "failed"  # recorded: exit.json now exists
+    assert json.loads((Path(job_id) / "exit.json").read_text())["state"] == "failed"
+
+
+def test_job_sees_no_cloud_credentials_unless_asked(tmp_path):
+    environ = {**os.environ, "AWS_SECRET_ACCESS_KEY": "very-secret", "AWS_REGION": "eu-west-1"}
+    provider = LocalProvider(sys.executable, environ=environ)
+    job_id, *_ = _sleeping_job(tmp_path, provider, procs=1)
+    provider.stop(job_id)
+    _wait(provider, job_id)
+    text = "\n".join(_all_lines(provider, job_id))
+    assert "env False eu-west-1" in text
+    assert "very-secret" not in (Path(job_id) / "request.json").read_text()
+
+    asked = LocalProvider(sys.executable, environ={**environ, "LAUNCH_LOCAL_PASS_CREDENTIALS": "1"})
+    other = tmp_path / "asked"
+    other.mkdir()
+    job_id, *_ = _sleeping_job(other, asked, procs=1)
+    asked.stop(job_id)
+    _wait(asked, job_id)
+    assert "env True eu-west-1" in "\n".join(_all_lines(asked, job_id))
+
+
+def test_job_logs_are_private(tmp_path):
+    provider = LocalProvider(sys.executable)
+    _request, job_id = provider.submit(_job(tmp_path, "print('hello')"))
+    _wait(provider, job_id)
+    for name in ("output.log", "runner.err"):
+        assert (Path(job_id) / name).stat().st_mode & 0o077 == 0, name
+
+
+def test_a_job_whose_runner_never_started_is_failed_not_pending_forever(tmp_path):
+    provider = LocalProvider(sys.executable)
+    job = _job(tmp_path, "pass")
+    request = provider.dryrun(job)
+    job_dir = Path(request.job_dir)
+    (job_dir / "request.json").write_text(json.dumps(request.to_dict()))
+    assert provider.poll(str(job_dir)).state == "pending"  # just written: it may yet start
+    old = time.time() - 120
+    os.utime(job_dir / "request.json", (old, old))
+    status = provider.poll(str(job_dir))
+    assert status.state == "failed" and "never started" in status.message
+
+
+@pytest.mark.parametrize("name", ["exit.json", "runner.json"])
+def test_a_corrupt_job_file_is_a_usage_error_naming_it(tmp_path, name):
+    provider = LocalProvider(sys.executable)
+    _request, job_id = provider.submit(_job(tmp_path, "pass"))
+    _wait(provider, job_id)
+    if name == "runner.json":
+        (Path(job_id) / "exit.json").unlink()
+    (Path(job_id) / name).write_text('{"state": ')
+    with pytest.raises(UsageError, match=name):
+        provider.poll(job_id)

@@ -1,0 +1,155 @@
+"""The processes launch starts, and how it makes sure none outlives its purpose (Linux, /proc).
+
+Three mechanisms, each for a way a process tree gets cut:
+
+- ``die_with_parent``: the kernel's parent-death signal (``PR_SET_PDEATHSIG``). A trace child, its
+  workers and torchrun under the local runner get it, so ``kill -9`` of their parent (``launch``
+  itself, or the runner) takes them down too: nothing is left to reap.
+- A job token: every process of a local job carries ``LAUNCH_JOB_TOKEN`` in its environment,
+  inherited down the tree. torchrun starts each worker in a session of its own, and a worker whose
+  torchrun was killed is re-parented away, so neither the process group nor the parent chain
+  reaches everything; the token does (``tagged``), for ``cancel`` and for a runner found dead.
+- ``become_subreaper``: orphans of the runner's tree are re-parented to the runner, not to init,
+  so it still sees (and stops) workers whose torchrun died.
+
+Only the standard library: the local runner imports this and must start fast.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+TOKEN_VAR = "LAUNCH_JOB_TOKEN"
+
+_PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def _prctl() -> Callable[..., int] | None:
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl  # type: ignore[no-any-return]
+    except (OSError, AttributeError):  # not Linux: no parent-death signal, no subreaper
+        return None
+
+
+def die_with_parent(sig: int = signal.SIGKILL) -> Callable[[], None]:
+    """A ``preexec_fn`` (or a call right after ``fork``) that makes the child get ``sig`` when
+    its parent dies. Resolved here, in the parent, so the child only calls into libc; a parent
+    that died before the call is caught by comparing ``getppid`` with the pid it had.
+
+    The signal follows the parent *thread*: from any thread but the main one it would come when
+    that thread ends, not when the process dies, so there it arms nothing (launch spawns from its
+    main thread; tests trace from thread pools).
+    """
+    prctl = _prctl() if threading.current_thread() is threading.main_thread() else None
+    parent = os.getpid()
+
+    def arm() -> None:
+        if prctl is None:
+            return
+        prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+        if os.getppid() != parent:
+            os.kill(os.getpid(), sig)
+
+    return arm
+
+
+def become_subreaper() -> None:
+    """Orphans among this process's descendants are re-parented to it (where Linux allows)."""
+    prctl = _prctl()
+    if prctl is not None:
+        prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def descendants(pid: int) -> list[int]:
+    """Every descendant of ``pid``, read from /proc (no psutil needed on Linux)."""
+    parents: dict[int, list[int]] = {}
+    for entry in _proc_entries():
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        parents.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in parents.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def tagged(token: str) -> list[int]:
+    """The live processes whose environment carries ``LAUNCH_JOB_TOKEN=token`` (the current
+    process excluded). Zombies are skipped: they have exited, only their parent's wait is due."""
+    needle = f"{TOKEN_VAR}={token}".encode()
+    found = []
+    for entry in _proc_entries():
+        pid = int(entry.name)
+        if pid == os.getpid():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+        except OSError:  # gone, or another user's
+            continue
+        if needle in environ.split(b"\0") and alive(pid):
+            found.append(pid)
+    return found
+
+
+def start_ticks(pid: int) -> int | None:
+    """When ``pid`` started, in clock ticks since boot: with the pid, it names one process even
+    after the pid is reused."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def alive(pid: int, started: int | None = None) -> bool:
+    """Whether ``pid`` runs (not a zombie) and, given ``started``, is still the same process."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return started is None
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return started is None  # no /proc: trust kill(0)
+    if fields[0] in ("Z", "X"):
+        return False
+    return started is None or int(fields[19]) == started
+
+
+def signal_all(pids: Iterable[int], sig: int) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+
+
+def kill_tagged(token: str, timeout_s: float = 5.0) -> list[int]:
+    """SIGKILL every process of the job ``token`` until none is left (or ``timeout_s``); return
+    the ones still alive at the end (an empty list is the proof that nothing is left)."""
+    deadline = time.monotonic() + timeout_s
+    left = tagged(token)
+    while left and time.monotonic() < deadline:
+        signal_all(left, signal.SIGKILL)
+        time.sleep(0.05)
+        left = tagged(token)
+    return left
+
+
+def _proc_entries() -> list[Path]:
+    try:
+        return [e for e in Path("/proc").iterdir() if e.name.isdigit()]
+    except OSError:
+        return []
