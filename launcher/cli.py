@@ -302,10 +302,14 @@ def _run_stem(script: Path) -> str:
 
 
 def _interrupted(env: Environment, provider: Any, run: Any, cancel: bool) -> None:
-    attempts = run.attempts()
-    if cancel and attempts and attempts[-1].job_id:
-        provider.stop(attempts[-1].job_id)
-        env.stderr.write(f"launch: cancelled run {run.id}\n")
+    from launcher.supervisor import adopt_unrecorded, cancel_attempt
+
+    attempts = adopt_unrecorded(run, provider)
+    last = attempts[-1] if attempts else None
+    if cancel and last is not None and last.job_id:
+        done = cancel_attempt(run, provider, last)
+        env.stderr.write(f"launch: cancelled run {run.id} (attempt {done.number}: "
+                         f"{done.summary.get('message')})\n")
     else:
         env.stderr.write(f"launch: detached from run {run.id}; the job goes on. "
                          f"Follow it with `launch attach {run.id}`, "
@@ -477,13 +481,16 @@ def status_command(run_id: str | None, as_json: bool, debug: bool) -> None:
     """Show a run's attempts and their state (the newest run by default)."""
     from dataclasses import asdict
 
+    from launcher.providers.base import TERMINAL_STATES
+    from launcher.supervisor import adopt_unrecorded
+
     env = _env()
     run, provider = _open_run(run_id)
-    attempts = run.attempts()
+    attempts = adopt_unrecorded(run, provider)
     rows = []
     for attempt in attempts:
         live = attempt.state
-        if attempt.job_id and attempt.state not in ("succeeded", "failed", "cancelled"):
+        if attempt.job_id and attempt.state not in TERMINAL_STATES:
             live = provider.poll(attempt.job_id).state
         rows.append({**asdict(attempt), "live_state": live})
     if as_json:
@@ -508,9 +515,11 @@ def logs_command(run_id: str | None, number: int | None, follow: bool, as_json: 
     """Print a run's job output."""
     import time
 
+    from launcher.supervisor import adopt_unrecorded
+
     env = _env()
     run, provider = _open_run(run_id)
-    attempts = run.attempts()
+    attempts = adopt_unrecorded(run, provider)
     chosen = [a for a in attempts if number is None or a.number == number]
     if not chosen or not chosen[-1].job_id:
         raise UsageError(f"run {run.id} has no attempt {number}" if number else
@@ -531,26 +540,26 @@ def logs_command(run_id: str | None, number: int | None, follow: bool, as_json: 
 @click.argument("run_id", required=False)
 @common
 def cancel_command(run_id: str | None, as_json: bool, debug: bool) -> None:
-    """Stop a run's running job."""
-    import time
+    """Stop a run's running job, and check that nothing of it is left running."""
+    from launcher.providers.base import TERMINAL_STATES
+    from launcher.supervisor import adopt_unrecorded, cancel_attempt
 
     env = _env()
     run, provider = _open_run(run_id)
-    live = [a for a in run.attempts() if a.job_id and not provider.poll(a.job_id).terminal]
-    for attempt in live:
-        provider.stop(attempt.job_id)
-        deadline = time.monotonic() + 30
-        while not provider.poll(attempt.job_id).terminal and time.monotonic() < deadline:
-            time.sleep(0.1)
-        status = provider.poll(attempt.job_id)
-        attempt.state, attempt.outcome = status.state, "cancelled"
-        attempt.exit_code = status.exit_code
-        run.save_attempt(attempt)
+    live = [a for a in adopt_unrecorded(run, provider) if a.job_id and (
+        not provider.poll(a.job_id).terminal or provider.residue(a.job_id))]
+    done = [cancel_attempt(run, provider, attempt) for attempt in live]
     if as_json:
-        _print_json(env, {"run_id": run.id, "cancelled": [a.number for a in live]})
+        _print_json(env, {"run_id": run.id, "cancelled": [a.number for a in done],
+                          "states": {a.number: a.state for a in done}})
     else:
-        env.stdout.write(f"run {run.id}: " + (f"cancelled attempt {live[-1].number}\n" if live
-                                               else "nothing running\n"))
+        env.stdout.write(f"run {run.id}: " + (
+            f"cancelled attempt {done[-1].number} ({done[-1].summary.get('message')})\n" if done
+            else "nothing running\n"))
+    if any(a.state not in TERMINAL_STATES for a in done):
+        raise LaunchError(f"run {run.id} was asked to stop but has not stopped yet",
+                          ExitStatus.PROVIDER_ERROR,
+                          hint=f"check again with `launch status {run.id}`")
 
 
 @cli.command("attach")
@@ -559,11 +568,11 @@ def cancel_command(run_id: str | None, as_json: bool, debug: bool) -> None:
 def attach_command(run_id: str | None, as_json: bool, debug: bool) -> None:
     """Follow a run again (after Ctrl-C or a crashed launcher) until its job ends."""
     from launcher.report import console
-    from launcher.supervisor import Supervisor
+    from launcher.supervisor import Supervisor, adopt_unrecorded
 
     env = _env()
     run, provider = _open_run(run_id)
-    attempts = run.attempts()
+    attempts = adopt_unrecorded(run, provider)
     if not attempts or not attempts[-1].job_id:
         raise UsageError(f"run {run.id} has no submitted attempt")
     out = console(env.stdout if not as_json else env.stderr)

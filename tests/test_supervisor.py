@@ -14,6 +14,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from launcher.status import ExitStatus
 from tests.conftest import EXAMPLES, TINY_RECIPE
 
@@ -214,3 +216,62 @@ def test_cancel_from_another_process(cli, write_script, tmp_path):
     assert proc.returncode == ExitStatus.INTERRUPTED
     status = cli("status", run_dir.name, "--json").json()
     assert status["attempts"][0]["live_state"] == "cancelled"
+
+
+def test_cancel_on_interrupt_records_the_attempt_and_leaves_no_process(cli, write_script,
+                                                                       tmp_path):
+    from launcher import processes
+    from launcher.providers.local import job_token
+
+    script = write_script(SLOW_RECIPE)
+    state = tmp_path / "state"
+    proc = _launch_subprocess(script, state, "--steps", "200", "--cancel-on-interrupt")
+    run_dir = _wait_for_run(state)
+    proc.send_signal(signal.SIGINT)
+    _out, err = proc.communicate(timeout=60)
+    assert proc.returncode == ExitStatus.INTERRUPTED, err
+    assert f"cancelled run {run_dir.name}" in err
+    attempt = json.loads((run_dir / "attempts.jsonl").read_text().splitlines()[0])
+    assert attempt["state"] == "cancelled" and attempt["outcome"] == "cancelled"
+    assert processes.tagged(job_token(run_dir / "attempt-1")) == []
+
+
+def test_a_run_whose_runner_was_killed_ends_for_attach_logs_and_cancel(cli, write_script,
+                                                                        tmp_path):
+    script = write_script(SLOW_RECIPE)
+    state = tmp_path / "state"
+    proc = _launch_subprocess(script, state, "--steps", "200")
+    run_dir = _wait_for_run(state)
+    proc.send_signal(signal.SIGINT)  # detach: the job goes on without a launcher
+    proc.communicate(timeout=60)
+    runner = json.loads((run_dir / "attempt-1" / "runner.json").read_text())["pid"]
+    os.kill(runner, signal.SIGKILL)
+    started = time.monotonic()
+    attach = cli("attach", run_dir.name, "--json")
+    assert attach.status == ExitStatus.JOB_FAILED, attach.stderr
+    assert "runner died" in attach.json()["summary"]["message"]
+    logs = cli("logs", run_dir.name, "--follow")
+    assert logs.status == 0
+    cancel = cli("cancel", run_dir.name)
+    assert cancel.status == 0 and "nothing running" in cancel.stdout
+    assert time.monotonic() - started < 60
+
+
+@pytest.mark.parametrize("name, content", [
+    ("attempts.jsonl", '{"number": 1, "pla'), ("run.json", "{}"),
+    ("attempt-1/exit.json", "not json"), ("attempt-1/runner.json", "[]"),
+])
+def test_corrupt_state_is_exit_2_naming_the_file(cli, tiny_recipe, tmp_path, name, content):
+    result = cli(str(tiny_recipe), "--json")
+    assert result.status == 0, result.stderr
+    run_dir = tmp_path / "state" / "runs" / result.json()["run_id"]
+    if name.startswith("attempt-1/"):  # recorded as running: every command polls the job
+        (run_dir / "attempt-1" / "exit.json").unlink()
+        lines = (run_dir / "attempts.jsonl").read_text().replace('"succeeded"', '"running"')
+        (run_dir / "attempts.jsonl").write_text(lines)
+    (run_dir / name).write_text(content)
+    for command in ("status", "cancel", "attach"):
+        out = cli(command, run_dir.name)
+        assert out.status == ExitStatus.USAGE, (command, out.stderr)
+        assert out.stderr.count("\n") == 1 and Path(name).name in out.stderr, out.stderr
+        assert "Traceback" not in out.stderr and "internal error" not in out.stderr

@@ -694,15 +694,18 @@ class SageMakerProvider(Provider):
                 code == "ValidationException" and "already exists" in error_message(exc))
             if not exists and not is_transient(exc):
                 raise self._error(exc, f"creating training job {name}") from None
-            adopted = self._adopt(request)
+            adopted = self._adopt(request.job_name, request.run_id, request.attempt)
             if adopted is None:
                 raise self._error(exc, f"creating training job {name}") from None
         self._described.pop(name, None)
         return name
 
-    def _adopt(self, request: SageMakerRequest) -> str | None:
+    def adopt(self, run_id: str, attempt: int, attempt_dir: Path) -> str | None:
+        """An attempt's job, by the deterministic name its dry run gave it."""
+        return self._adopt(job_name(run_id, attempt, self.settings.job_prefix), run_id, attempt)
+
+    def _adopt(self, name: str, run_id: str, attempt: int) -> str | None:
         """The job of this name, when it is this run's attempt (its environment says so)."""
-        name = request.job_name
         try:
             description = self._aws().client("sagemaker").describe_training_job(
                 TrainingJobName=name)
@@ -713,11 +716,11 @@ class SageMakerProvider(Provider):
                 return None
             raise self._error(exc, f"describing training job {name}") from None
         environment = description.get("Environment") or {}
-        if (environment.get("LAUNCH_RUN_ID") == request.run_id
-                and environment.get("LAUNCH_ATTEMPT") == str(request.attempt)):
+        if (environment.get("LAUNCH_RUN_ID") == run_id
+                and environment.get("LAUNCH_ATTEMPT") == str(attempt)):
             return name
         raise ProviderError(f"a SageMaker training job named {name} already exists and is not "
-                            f"attempt {request.attempt} of run {request.run_id}",
+                            f"attempt {attempt} of run {run_id}",
                             "job names are unique per account and region; set another "
                             "job_prefix")
 

@@ -398,6 +398,13 @@ class VertexProvider(Provider):
             client = self._job_client(self.region)
             return _gcp.call_with(self._retry(reads=False), once)
 
+    def adopt(self, run_id: str, attempt: int, attempt_dir: Path) -> str | None:
+        """An attempt's job, by the labels its dry run gave it (job names are the server's)."""
+        labels = {LABEL_RUN: _gcp.label_value(run_id), LABEL_ATTEMPT: str(attempt)}
+        with _gcp.translating("looking for the job of an unrecorded attempt"):
+            found = self._find(self.parent, labels)
+        return str(found.name) if found is not None else None
+
     def _find(self, parent: str, labels: dict[str, str]) -> Any:
         """The job this run and attempt already created, if any (the newest)."""
         query = " AND ".join(f'labels.{key}="{labels[key]}"' for key in (LABEL_RUN, LABEL_ATTEMPT))

@@ -714,6 +714,39 @@ def test_status_logs_and_cancel_of_a_sagemaker_run(tmp_path, aws_env, fake, cli,
     assert run.attempts()[0].state == "cancelled"
 
 
+def test_a_launcher_killed_between_create_and_record_is_adopted_by_status(
+        tmp_path, aws_env, fake, cli, monkeypatch):
+    """The state a crash leaves: the attempt written ahead as ``submitting`` (no job id), the
+    job created on SageMaker. `launch status` finds it by its deterministic name and records it;
+    an attempt whose job was never created ends as failed, not pending for ever."""
+    import launcher.providers as providers
+    from launcher.runs import Attempt, Run
+
+    monkeypatch.setitem(providers.REGISTRY, "sagemaker",
+                        "launcher.providers.sagemaker:SageMakerProvider")
+    fake.push(cuda_oom(gpus=1, oom_rank=0, hang_s=30))
+    settings = {"bucket": BUCKET, "role": ROLE, "region": "us-east-1", "api_interval_s": 0,
+                "log_settle_s": 0}
+    run = Run.create(tmp_path / "state", "train", {"provider": "sagemaker",
+                                                   "script": "train.py", "spec": settings})
+    p = provider(aws_env)
+    job = make_job(tmp_path, run_id=run.id)
+    run.save_attempt(Attempt(number=1, plan=make_plan().to_dict(), state="submitting"))
+    job_id = p.schedule(p.dryrun(job))  # ... and the launcher dies here
+    run.save_attempt(Attempt(number=2, plan=make_plan().to_dict(), state="submitting"))
+
+    assert p.adopt(run.id, 1, job.attempt_dir) == job_id
+    status = cli("status", run.id, "--json")
+    assert status.status == 0, status.stderr
+    first, second = status.json()["attempts"]
+    assert first["job_id"] == job_id and first["live_state"] == "running"
+    assert second["state"] == "failed" and "never submitted" in second["summary"]["message"]
+    assert fake.count("CreateTrainingJob") == 1
+    cancel = cli("cancel", run.id, "--json")
+    assert cancel.status == 0, cancel.stderr
+    assert fake.jobs[job_id].status == "Stopped"
+
+
 def test_machines_lists_the_sagemaker_catalog(cli):
     result = cli("machines", "--provider", "sagemaker", "--json")
     assert result.status == 0, result.stderr
