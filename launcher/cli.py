@@ -18,7 +18,7 @@ import click
 
 from launcher import __version__
 from launcher.context import Environment
-from launcher.status import ExitStatus, LaunchError, UsageError
+from launcher.status import BadValue, ExitStatus, LaunchError, UsageError
 
 # -- the command group: `launch SCRIPT` means `launch run SCRIPT` ------------------------------
 
@@ -33,7 +33,7 @@ class DefaultGroup(click.Group):
         return super().parse_args(ctx, args)
 
 
-def _size(_ctx: Any, _param: Any, value: str | None) -> int | None:
+def _size(_ctx: Any, _param: Any, value: str | int | None) -> int | None:
     from launcher.units import parse_bytes
 
     if value is None:
@@ -44,7 +44,7 @@ def _size(_ctx: Any, _param: Any, value: str | None) -> int | None:
         raise click.BadParameter(str(exc)) from None
 
 
-def _count(_ctx: Any, _param: Any, value: str | None) -> int | None:
+def _count(_ctx: Any, _param: Any, value: str | int | None) -> int | None:
     from launcher.units import parse_count
 
     if value is None:
@@ -112,6 +112,67 @@ def plan_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     return common(fn)
 
 
+#: The commands a config file is read for: it gives their options' defaults.
+CONFIG_COMMANDS = ("run", "plan", "doctor")
+
+
+def config_keys() -> dict[str, Any]:
+    """Every key a config file may hold, name -> ``spec.ConfigKey``: the options of run, plan and
+    doctor (named as their flags: ``global_batch_size``, ``report``; not --json or --debug) and
+    every setting of a provider's settings class (SageMaker's ``s3_prefix``, ``job_prefix``,
+    ``aws_max_attempts`` ...; Vertex's settings are all options)."""
+    from launcher.providers.sagemaker import SageMakerSettings
+    from launcher.spec import ConfigKey, settings_kinds
+
+    keys: dict[str, Any] = {}
+    for name in CONFIG_COMMANDS:
+        for param in cli.commands[name].params:
+            if not isinstance(param, click.Option) or param.name in ("as_json", "debug"):
+                continue
+            flag = next(o for o in param.opts if o.startswith("--"))
+            key = flag.removeprefix("--").replace("-", "_")
+            keys.setdefault(key, ConfigKey(key, _kind(param), param.name))
+    for key, kind in settings_kinds(SageMakerSettings).items():
+        keys.setdefault(key, ConfigKey(key, kind))
+    return keys
+
+
+def _kind(param: click.Option) -> str:
+    if param.callback is _count:
+        return "count"
+    if param.callback is _size:
+        return "size"
+    if param.is_flag or isinstance(param.type, click.types.BoolParamType):
+        return "bool"
+    if isinstance(param.type, click.types.IntParamType):
+        return "int"
+    if isinstance(param.type, click.types.FloatParamType):
+        return "float"
+    return "path" if isinstance(param.type, click.Path) else "str"
+
+
+def _origins(ctx: click.Context) -> dict[str, str]:
+    """Where each option's value came from, as an error names it: ``--steps``,
+    ``--budget (LAUNCH_BUDGET)`` or ``steps in /work/launch.toml``."""
+    from click.core import ParameterSource
+
+    from launcher.spec import Config
+
+    origins = {}
+    for param in ctx.command.params:
+        if not isinstance(param, click.Option) or param.name is None:
+            continue
+        flag = next(o for o in param.opts if o.startswith("--"))
+        source = ctx.get_parameter_source(param.name)
+        if source == ParameterSource.ENVIRONMENT and param.envvar:
+            origins[param.name] = f"{flag} ({param.envvar})"
+        elif source == ParameterSource.DEFAULT_MAP and isinstance(ctx.default_map, Config):
+            origins[param.name] = ctx.default_map.origin(param.name)
+        else:
+            origins[param.name] = flag
+    return origins
+
+
 @click.group(cls=DefaultGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="launch")
 def cli() -> None:
@@ -141,8 +202,12 @@ def _plan(env: Environment, options: dict[str, Any], *, dry_run: bool = False
     from launcher.preflight import preflight
     from launcher.providers import PLANNED, REGISTRY, get_provider
     from launcher.recipe import inspect_script
-    from launcher.spec import build_spec
+    from launcher.spec import Config, build_spec
 
+    ctx = click.get_current_context()
+    if isinstance(ctx.default_map, Config):  # provider settings that are no option: s3_prefix
+        options = {**ctx.default_map.extras(p.name for p in ctx.command.params if p.name),
+                   **options}
     script = options["script"]
     options["script"] = script if script.is_absolute() else env.cwd / script
     for key in ("model_config",):
@@ -156,7 +221,8 @@ def _plan(env: Environment, options: dict[str, Any], *, dry_run: bool = False
             provider = get_provider(name, {**options, "python": env.python}, env.environ)
         except LaunchError as exc:
             # A dry run still plans (the catalogs need no account); only the request is lost.
-            if not dry_run or name not in REGISTRY:
+            # Not past a malformed value (a region that is no region): that is the user's to fix.
+            if not dry_run or name not in REGISTRY or isinstance(exc, BadValue):
                 raise
             provider_error = str(exc)
     tracing = _prestart_trace(env, options)
@@ -165,7 +231,7 @@ def _plan(env: Environment, options: dict[str, Any], *, dry_run: bool = False
         from launcher.estimate.traced import probe
     info = inspect_script(options["script"], python=env.python, env=env.environ,
                           local=name == "local", count_flops=not tracing, probe=probe)
-    spec = build_spec(options, info)
+    spec = build_spec(options, info, _origins(ctx))
     result = preflight(spec, info, env.state_dir, env.environ)
     if provider_error:
         result.notes.append(f"no {name} request: {provider_error}")
@@ -235,6 +301,8 @@ def _dry_request(env: Environment, spec: Any, result: Any, provider: Any) -> Any
     try:
         job = build_job(spec, result.chosen, "dry-run", 1, run_path)
         return provider.dryrun(job).to_dict()
+    except BadValue:
+        raise
     except LaunchError as exc:
         result.notes.append(f"no {spec.provider} request: {exc}")
         return None
@@ -451,10 +519,11 @@ def machines_command(provider: str, gpu: str | None, as_json: bool, debug: bool)
 def doctor_command(provider: str, as_json: bool, debug: bool, **options: Any) -> None:
     """Check credentials, account, bucket, role, permissions and GPU quota for a cloud."""
     from launcher.doctor import print_report, run_doctor
-    from launcher.spec import load_config
 
     env = _env()
-    config, _ = load_config(env.cwd)  # s3_prefix, job_prefix ... are config keys, not flags
+    # The config file, as main() loaded and checked it: s3_prefix, job_prefix ... are config
+    # keys, not flags.
+    config = click.get_current_context().default_map or {}
     settings = {**config, **{k: v for k, v in options.items() if v is not None}}
     report = run_doctor(provider, settings, env.environ)
     print_report(report, env.stdout, as_json=as_json)
@@ -598,10 +667,12 @@ def main(args: list[str] | None = None, env: Environment | None = None) -> int:
     debug = "--debug" in args or env.environ.get("LAUNCH_DEBUG") == "1"
     as_json = "--json" in args
     try:
-        from launcher.spec import load_config
+        defaults = None
+        if _command(args) in CONFIG_COMMANDS and not {"--help", "-h"} & set(args):
+            from launcher.spec import load_config
 
-        config, _source = load_config(env.cwd)
-        defaults = {name: config for name in ("run", "plan", "doctor")}
+            config, _source = load_config(env.cwd, config_keys())
+            defaults = {name: config for name in CONFIG_COMMANDS}
         code = cli.main(args=args, prog_name="launch", standalone_mode=False, obj=env,
                         default_map=defaults)
         return int(code) if isinstance(code, int) else ExitStatus.SUCCESS
@@ -624,6 +695,13 @@ def main(args: list[str] | None = None, env: Environment | None = None) -> int:
         _error(env, f"internal error: {type(exc).__name__}: {exc}",
                "rerun with --debug for the traceback", ExitStatus.JOB_FAILED, as_json, debug)
         return ExitStatus.JOB_FAILED
+
+
+def _command(args: list[str]) -> str | None:
+    """The command ``args`` run, as DefaultGroup reads them (``launch SCRIPT`` runs ``run``)."""
+    if not args or args[0] in ("--help", "-h", "--version"):
+        return None
+    return args[0] if args[0] in cli.commands else "run"
 
 
 def _error(env: Environment, message: str, hint: str, status: ExitStatus, as_json: bool,

@@ -46,6 +46,12 @@ class UsageError(LaunchError):
         super().__init__(message, ExitStatus.USAGE, hint)
 
 
+class BadValue(UsageError):
+    """A value that was given is malformed (a region, a duration). Unlike a missing setting,
+    which `launch plan` notes before planning on without the request, it stops every command:
+    a region that is not a region must never get as far as a host name."""
+
+
 class ProviderError(LaunchError):
     def __init__(self, message: str, hint: str = ""):
         super().__init__(message, ExitStatus.PROVIDER_ERROR, hint)

@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from launcher.status import ExitStatus
 
 
@@ -214,3 +216,63 @@ def test_recipe_probe_counts_units_and_flops(tiny_recipe):
     # Forward + backward of one sample: three linear layers, 2 x (2 x in x out) each (matmul
     # flops for the input and weight gradients); the head has no input gradient to compute.
     assert info.flops_per_sample is not None and info.flops_per_sample > 2 * 2 * 16 * 16
+
+
+# -- regions: checked before they can become part of a host name ----------------------------------
+
+HOSTILE_REGIONS = ["evil.example.com:443#", "us-central1.evil.example.com", "evil.example.com/",
+                   "us-central1@evil.example.com", "US-CENTRAL1", "us-central1\nx", "../x"]
+
+
+def _one_usage_line(result, bad: str, cloud: str) -> None:
+    assert result.status == ExitStatus.USAGE == 2, result.stderr
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith("launch: error: ")
+    assert "Traceback" not in result.stderr
+    words = "is not an AWS region" if cloud == "aws" else "is not a Google Cloud region"
+    assert repr(bad) in result.stderr and words in result.stderr
+    assert "like us-" in result.stderr  # the expected shape
+    assert json.loads(result.stdout)["exit_status"] == 2
+
+
+def _region_env(monkeypatch, variable: str | None = None, value: str = "") -> dict[str, str]:
+    """No region anywhere but ``variable``; set in os.environ too, where click reads
+    LAUNCH_REGION for --region."""
+    environ = {"LAUNCH_REGION": "", "CLOUDSDK_AI_REGION": "", "AWS_REGION": "",
+               "AWS_DEFAULT_REGION": "", "LAUNCH_PROJECT": "launch-test"}
+    if variable:
+        environ[variable] = value
+    for key, item in environ.items():
+        if item:
+            monkeypatch.setenv(key, item)
+        else:
+            monkeypatch.delenv(key, raising=False)
+    return environ
+
+
+@pytest.mark.parametrize("bad", HOSTILE_REGIONS)
+def test_a_hostile_vertex_region_is_refused_in_one_line(cli, tiny_recipe, monkeypatch, bad):
+    result = cli("plan", str(tiny_recipe), "--provider", "vertex", "--region", bad, "--json",
+                 environ=_region_env(monkeypatch))
+    _one_usage_line(result, bad, "gcp")
+
+
+@pytest.mark.parametrize("variable", ["LAUNCH_REGION", "CLOUDSDK_AI_REGION"])
+def test_a_vertex_region_from_the_environment_is_checked_too(cli, tiny_recipe, monkeypatch,
+                                                            variable):
+    bad = "evil.example.com:443#"
+    result = cli("plan", str(tiny_recipe), "--provider", "vertex", "--json",
+                 environ=_region_env(monkeypatch, variable, bad))
+    _one_usage_line(result, bad, "gcp")
+
+
+@pytest.mark.parametrize(("flag", "variable"), [
+    ("evil.example.com:443#", None), ("us-east-1.evil.example.com", None),
+    (None, "LAUNCH_REGION"), (None, "AWS_REGION"), (None, "AWS_DEFAULT_REGION")])
+def test_a_hostile_aws_region_is_refused_in_one_line(cli, tiny_recipe, monkeypatch, flag,
+                                                     variable):
+    bad = flag or "evil.example.com:443#"
+    environ = _region_env(monkeypatch, variable, bad)
+    args = ["--region", flag] if flag else []
+    result = cli("plan", str(tiny_recipe), "--provider", "sagemaker", *args, "--json",
+                 environ=environ)
+    _one_usage_line(result, bad, "aws")

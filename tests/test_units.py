@@ -1,6 +1,6 @@
 import pytest
 
-from launcher.units import format_bytes, parse_bytes, parse_count
+from launcher.units import format_bytes, parse_bytes, parse_count, parse_duration
 
 
 @pytest.mark.parametrize("text,expected", [
@@ -30,3 +30,17 @@ def test_format_bytes():
     assert format_bytes(None) == "?"
     assert format_bytes(1536) == "1.5 KiB"
     assert format_bytes(80 * 1024**3) == "80.0 GiB"
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("3600", 3600), (3600, 3600), ("90m", 5400), ("12h", 43200), ("2d", 172800), (" 1.5H ", 5400),
+    ("45s", 45), ("0.5m", 30),
+])
+def test_parse_duration(text, expected):
+    assert parse_duration(text) == expected
+
+
+@pytest.mark.parametrize("text", ["soon", "-1h", "1.5 weeks", "", "1e3", "١٢h", True, "90 m s"])
+def test_parse_duration_refuses(text):
+    with pytest.raises(ValueError, match="not a duration"):
+        parse_duration(text)

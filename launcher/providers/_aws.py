@@ -11,7 +11,10 @@ Three rules that this module enforces for every AWS call the launcher makes:
   (tests and embedding callers pass their own), so the two cannot disagree.
 * **Retries and timeouts are explicit.** botocore's ``standard`` (or ``adaptive``) retry mode
   retries throttling, 5xx and connection errors with jittered backoff; connect and read timeouts
-  are bounded, so a dead endpoint fails instead of hanging the supervisor.
+  are bounded, so a dead endpoint fails instead of hanging the supervisor. Read-only status
+  calls (describe, log reads: :meth:`Aws.read`) get short timeouts, two attempts and a hard
+  deadline (``status_deadline_s``), so `launch status` against an endpoint that accepts the
+  connection and never answers fails in seconds, not after six one-minute read timeouts.
 * **Missing credentials fail fast.** The default credential chain ends with the EC2 instance
   metadata service; off EC2 that lookup can wait on an unroutable address. The chain is resolved
   with a one-second metadata timeout, one attempt, and an overall deadline, so `launch` says what
@@ -22,11 +25,11 @@ from __future__ import annotations
 
 import re
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from launcher.status import ProviderError, UsageError
+from launcher.status import BadValue, ProviderError, UsageError
 
 #: The credential chain gets this long, all of it, before "no AWS credentials found".
 CREDENTIALS_DEADLINE_S = 1.5
@@ -44,7 +47,17 @@ TRANSIENT_CODES = frozenset({
     "InternalServerError", "ServiceUnavailable", "InternalError",
 })
 
-_REGION = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d+$")
+#: us-east-1, us-gov-west-1, cn-north-1, us-isob-east-1, eusc-de-east-1: what may become part
+#: of a host name (sagemaker.<region>.amazonaws.com), nothing else.
+_REGION = re.compile(r"[a-z]{2,4}(?:-[a-z]+)+-[0-9]{1,2}")
+REGION_SHAPE = ("lowercase words and a number joined by hyphens, like us-east-1, us-gov-west-1 "
+                "or cn-north-1")
+UNANSWERED_HINT = ("check the network, the region and any AWS_ENDPOINT_URL variables; "
+                   "the job itself is not affected")
+#: A read-only status call, retries included, ends within this many seconds by default.
+STATUS_DEADLINE_S = 12.0
+#: Attempts of a read-only status call (botocore counts the first).
+STATUS_ATTEMPTS = 2
 
 
 @dataclass(frozen=True)
@@ -55,6 +68,8 @@ class ClientSettings:
     max_attempts: int = 6               # botocore counts the first call as an attempt
     connect_timeout_s: float = 5.0
     read_timeout_s: float = 60.0
+    #: The most one read-only status call (:meth:`Aws.read`) may take, its retries included.
+    status_deadline_s: float = STATUS_DEADLINE_S
 
     def __post_init__(self) -> None:
         if self.retry_mode not in ("standard", "adaptive"):
@@ -62,6 +77,25 @@ class ClientSettings:
                              "use standard or adaptive")
         if self.max_attempts < 1:
             raise UsageError(f"AWS max attempts must be at least 1, not {self.max_attempts}")
+        if not 0 < self.status_deadline_s <= 600:
+            raise UsageError(f"the AWS status deadline must be between 0 and 600 seconds, not "
+                             f"{self.status_deadline_s}")
+
+    def for_status(self) -> ClientSettings:
+        """The settings of the clients that read status: at most two attempts, each with a
+        third of the deadline to connect and a third to read, so that botocore itself usually
+        gives up before the deadline does (the deadline in :meth:`Aws.read` is the guarantee)."""
+        share = self.status_deadline_s / 3
+        return ClientSettings(retry_mode=self.retry_mode,
+                              max_attempts=min(self.max_attempts, STATUS_ATTEMPTS),
+                              connect_timeout_s=min(self.connect_timeout_s, share),
+                              read_timeout_s=min(self.read_timeout_s, share),
+                              status_deadline_s=self.status_deadline_s)
+
+
+class Unanswered(ProviderError):
+    """A read-only call that got no answer within its deadline. Transient: the caller may stand
+    in the last answer it has, or report it (exit 6)."""
 
 
 class Aws:
@@ -74,7 +108,7 @@ class Aws:
         import boto3
         import botocore.session
 
-        self.region = region
+        self.region = check_region(region)  # it becomes part of every endpoint's host name
         self.environ = dict(environ)
         self.settings = settings
         core = botocore.session.Session()
@@ -106,24 +140,41 @@ class Aws:
         self._lock = threading.Lock()
         self._credentials_ok = False
 
-    def client(self, service: str) -> Any:
+    def client(self, service: str, status: bool = False) -> Any:
         """A cached client with the retry and timeout settings, at the endpoint configured for
-        ``service`` in the environment (``AWS_ENDPOINT_URL_<SERVICE>`` / ``AWS_ENDPOINT_URL``)."""
+        ``service`` in the environment (``AWS_ENDPOINT_URL_<SERVICE>`` / ``AWS_ENDPOINT_URL``).
+        ``status``: the short-timeout client of read-only status calls (see :meth:`read`)."""
+        key = f"{service}:status" if status else service
         with self._lock:
-            if service not in self._clients:
+            if key not in self._clients:
                 from botocore.config import Config
 
+                settings = self.settings.for_status() if status else self.settings
                 config = Config(
-                    retries={"mode": self.settings.retry_mode,
-                             "max_attempts": self.settings.max_attempts},
-                    connect_timeout=self.settings.connect_timeout_s,
-                    read_timeout=self.settings.read_timeout_s,
+                    # total_max_attempts counts the first call; botocore's "max_attempts" here
+                    # would count only the retries (seven calls for 6).
+                    retries={"mode": settings.retry_mode,
+                             "total_max_attempts": settings.max_attempts},
+                    connect_timeout=settings.connect_timeout_s,
+                    read_timeout=settings.read_timeout_s,
                     tcp_keepalive=True,
                 )
                 endpoint = endpoint_url(service, self.environ)
-                self._clients[service] = self.session.client(
+                self._clients[key] = self.session.client(
                     service, region_name=self.region, config=config, endpoint_url=endpoint)
-            return self._clients[service]
+            return self._clients[key]
+
+    def read(self, service: str, operation: str, **kwargs: Any) -> Any:
+        """A read-only status call (``read("sagemaker", "describe_training_job", ...)``): short
+        timeouts, two attempts, and the whole call, retries included, within
+        ``status_deadline_s``, else :class:`Unanswered`. The call runs in a daemon thread, so an
+        endpoint that accepts the connection and never answers (or trickles) cannot hold
+        `launch status` or the supervisor's poll past the deadline; the thread it leaves ends
+        at its own read timeout. Uploads and creates keep the long timeouts of :meth:`client`."""
+        client = self.client(service, status=True)
+        method: Callable[..., Any] = getattr(client, operation)
+        return call_within(self.settings.status_deadline_s,
+                           lambda: method(**kwargs), client.meta.endpoint_url)
 
     def check_credentials(self) -> None:
         """Raise ProviderError (exit 6) within ``CREDENTIALS_DEADLINE_S`` when the chain finds
@@ -152,6 +203,27 @@ class Aws:
         self._credentials_ok = True
 
 
+def call_within(deadline_s: float, fn: Callable[[], Any], where: str) -> Any:
+    """``fn()``, or :class:`Unanswered` when it has not returned within ``deadline_s``."""
+    done: list[Any] = []
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            done.append(fn())
+        except BaseException as exc:  # handed to the caller's thread as is
+            failed.append(exc)
+
+    thread = threading.Thread(target=run, name="aws-status-call", daemon=True)
+    thread.start()
+    thread.join(deadline_s)
+    if failed:
+        raise failed[0]
+    if not done:
+        raise Unanswered(f"{where} did not answer within {deadline_s:g} s", UNANSWERED_HINT)
+    return done[0]
+
+
 def endpoint_url(service: str, environ: Mapping[str, str]) -> str | None:
     """The endpoint the standard variables name for ``service`` (None: boto3's own choice).
 
@@ -161,25 +233,37 @@ def endpoint_url(service: str, environ: Mapping[str, str]) -> str | None:
     return specific or environ.get("AWS_ENDPOINT_URL") or None
 
 
-def resolve_region(explicit: str | None, environ: Mapping[str, str]) -> str:
-    """--region, else AWS_REGION / AWS_DEFAULT_REGION, else the profile's region."""
-    region = explicit or environ.get("AWS_REGION") or environ.get("AWS_DEFAULT_REGION")
-    if not region:
-        try:
-            import botocore.session
+def check_region(region: Any, source: str = "") -> str:
+    """``region`` when it is shaped like an AWS region, else a one-line :class:`BadValue` naming
+    it and where it came from: a region becomes part of host names and ARNs."""
+    if not isinstance(region, str) or len(region) > 32 or not _REGION.fullmatch(region):
+        shown = repr(region) if len(repr(region)) <= 80 else repr(region)[:77] + "..."
+        where = f" (from {source})" if source else ""
+        raise BadValue(f"region {shown}{where} is not an AWS region name",
+                       f"expected {REGION_SHAPE}")
+    return region
 
-            core = botocore.session.Session(profile=environ.get("AWS_PROFILE") or None)
-            if environ.get("AWS_CONFIG_FILE"):
-                core.set_config_variable("config_file", environ["AWS_CONFIG_FILE"])
-            region = core.get_config_variable("region")
-        except Exception:
-            region = None
+
+def resolve_region(explicit: str | None, environ: Mapping[str, str]) -> str:
+    """--region, else AWS_REGION / AWS_DEFAULT_REGION, else the profile's region; checked."""
+    for source, value in (("--region or LAUNCH_REGION", explicit),
+                          ("AWS_REGION", environ.get("AWS_REGION")),
+                          ("AWS_DEFAULT_REGION", environ.get("AWS_DEFAULT_REGION"))):
+        if value:
+            return check_region(value, source)
+    try:
+        import botocore.session
+
+        core = botocore.session.Session(profile=environ.get("AWS_PROFILE") or None)
+        if environ.get("AWS_CONFIG_FILE"):
+            core.set_config_variable("config_file", environ["AWS_CONFIG_FILE"])
+        region = core.get_config_variable("region")
+    except Exception:
+        region = None
     if not region:
         raise UsageError("no AWS region for SageMaker",
                          "pass --region us-east-1 (or set AWS_REGION / LAUNCH_REGION)")
-    if not _REGION.match(region):
-        raise UsageError(f"{region!r} is not an AWS region name", "for example us-east-1")
-    return region
+    return check_region(region, "the AWS profile")
 
 
 def error_code(exc: BaseException) -> str:
@@ -205,7 +289,7 @@ def is_transient(exc: BaseException) -> bool:
     from botocore.exceptions import ConnectionError as BotoConnectionError
     from botocore.exceptions import HTTPClientError, ReadTimeoutError
 
-    if isinstance(exc, (BotoConnectionError, HTTPClientError, ReadTimeoutError)):
+    if isinstance(exc, (BotoConnectionError, HTTPClientError, ReadTimeoutError, Unanswered)):
         return True
     if error_code(exc) in TRANSIENT_CODES:
         return True
@@ -218,18 +302,28 @@ def is_transient(exc: BaseException) -> bool:
 def provider_error(exc: BaseException, doing: str) -> ProviderError:
     """One line for a failed AWS call: what we were doing, what AWS said, what to do."""
     from botocore.exceptions import (
+        ConnectTimeoutError,
         EndpointConnectionError,
         NoCredentialsError,
         NoRegionError,
         PartialCredentialsError,
+        ReadTimeoutError,
     )
 
+    if isinstance(exc, Unanswered):
+        return ProviderError(f"{doing}: {exc.message}", exc.hint)
     if isinstance(exc, ProviderError):
         return exc
     if isinstance(exc, (NoCredentialsError, PartialCredentialsError)):
         return ProviderError(NO_CREDENTIALS, NO_CREDENTIALS_HINT)
     if isinstance(exc, NoRegionError):
         return ProviderError("no AWS region", "pass --region or set AWS_REGION")
+    if isinstance(exc, (ReadTimeoutError, ConnectTimeoutError)):
+        from urllib.parse import urlsplit
+
+        url = urlsplit(str(getattr(exc, "kwargs", {}).get("endpoint_url", "")))
+        where = f"{url.scheme}://{url.netloc}" if url.netloc else "AWS"
+        return ProviderError(f"{doing}: {where} did not answer", UNANSWERED_HINT)
     if isinstance(exc, EndpointConnectionError):
         where = getattr(exc, "kwargs", {}).get("endpoint_url", "AWS")
         return ProviderError(f"{doing}: cannot reach {where}",

@@ -18,17 +18,18 @@ import gzip
 import hashlib
 import io
 import json
-import os
-import stat
 import tarfile
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from launcher.status import LaunchError, ProviderError, UsageError
+
+if TYPE_CHECKING:
+    from launcher.packaging import Selection
 
 SCOPES = ("https://www.googleapis.com/auth/cloud-platform",)
 ADC_HINT = ("run `gcloud auth application-default login`, or set GOOGLE_APPLICATION_CREDENTIALS "
@@ -200,16 +201,6 @@ def label_value(text: str) -> str:
 
 # -- staging code to Cloud Storage -------------------------------------------------------------
 
-#: Folders never staged: version control, environments, caches, and the launcher's own state.
-EXCLUDED_DIRS = frozenset({
-    ".git", ".hg", ".svn", "__pycache__", ".venv", "venv", ".launch", "node_modules", ".tox",
-    ".mypy_cache", ".pytest_cache", ".ruff_cache", ".ipynb_checkpoints",
-})
-EXCLUDED_SUFFIXES = (".pyc", ".pyo")
-#: The code folder is copied to every node; data and weights belong in Cloud Storage.
-MAX_STAGED_BYTES = 256 * 2**20
-
-
 @dataclass(frozen=True)
 class Member:
     """One file of an archive: its name in the archive, and where its bytes come from."""
@@ -249,37 +240,11 @@ def content_hash(members: Iterable[Member]) -> str:
     return digest.hexdigest()
 
 
-def folder_members(folder: Path, prefix: str) -> list[Member]:
-    """Every file under ``folder`` that a job needs, as archive members under ``prefix/``.
-
-    Reading only: this runs in the dry run, which must have no side effects.
-    """
-    members: list[Member] = []
-    total = 0
-    for root, dirs, files in os.walk(folder, followlinks=False):
-        dirs[:] = sorted(d for d in dirs if d not in EXCLUDED_DIRS and not d.endswith(".egg-info"))
-        for name in sorted(files):
-            if name.endswith(EXCLUDED_SUFFIXES):
-                continue
-            path = Path(root, name)
-            try:
-                info = path.stat()
-            except OSError:
-                continue  # a dangling link
-            if not stat.S_ISREG(info.st_mode):
-                continue
-            total += info.st_size
-            if total > MAX_STAGED_BYTES:
-                raise UsageError(
-                    f"the code folder {folder} holds more than {MAX_STAGED_BYTES >> 20} MiB; it "
-                    "is copied to every node",
-                    "keep data and weights in Cloud Storage (jobs read gs://BUCKET/... as "
-                    "/gcs/BUCKET/...), or move the script into a folder of its own")
-            relative = path.relative_to(folder).as_posix()
-            members.append(Member(
-                name=f"{prefix}/{relative}", sha256=_file_sha256(path), size=info.st_size,
-                executable=bool(info.st_mode & stat.S_IXUSR), path=str(path)))
-    return members
+def code_members(selection: Selection, prefix: str) -> list[Member]:
+    """The files :func:`launcher.packaging.select` chose, as archive members under ``prefix/``
+    (what is uploaded is decided there, for both cloud providers)."""
+    return [Member(name=f"{prefix}/{f.name}", sha256=f.sha256, size=f.size,
+                   executable=f.executable, path=str(f.path)) for f in selection.files]
 
 
 def text_members(files: dict[str, str]) -> list[Member]:
@@ -289,14 +254,6 @@ def text_members(files: dict[str, str]) -> list[Member]:
         members.append(Member(name=name, sha256=hashlib.sha256(data).hexdigest(),
                               size=len(data), text=text))
     return members
-
-
-def _file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def write_archive(archive: StagedArchive, out: Any) -> None:

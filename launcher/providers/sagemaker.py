@@ -49,14 +49,16 @@ import os
 import re
 import tarfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from launcher import packaging
+from launcher.packaging import Selection
 from launcher.plan.plan import Plan
 from launcher.providers.base import Job, JobStatus, Provider
-from launcher.status import ProviderError, UsageError
+from launcher.status import BadValue, LaunchError, ProviderError, UsageError
 
 LOG_GROUP = "/aws/sagemaker/TrainingJobs"
 OPT_ML = "/opt/ml"
@@ -79,16 +81,13 @@ ROLE_ARN = re.compile(r"^arn:aws[a-z\-]*:iam::\d{12}:role/?[a-zA-Z_0-9+=,.@\-_/]
 BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 S3_PREFIX = re.compile(r"^[A-Za-z0-9!_.*'()/-]*$")
 
-#: The code folder is packed in memory; more than this is data that belongs in S3.
-MAX_PACKAGE_BYTES = 256 * 2**20
 #: Fixed modification time of every packed file, so equal content gives an equal archive hash.
 PACKAGE_MTIME = 946684800  # 2000-01-01T00:00:00Z
-#: Folders of the user's code folder that are never packed (besides every hidden one).
-SKIPPED_DIRS = frozenset({"__pycache__", "node_modules"})
-SKIPPED_SUFFIXES = (".pyc", ".pyo")
 
 #: SageMaker's defaults: one day of runtime (the API's own default), a 30 GB volume (the SDK's).
 DEFAULT_MAX_RUN_S = 24 * 3600
+#: The longest MaxRuntimeInSeconds SageMaker takes for a training job: 28 days.
+MAX_RUN_LIMIT_S = 28 * 24 * 3600
 DEFAULT_VOLUME_GB = 30
 #: Secondary statuses of an InProgress job that has not started the user's code yet.
 PENDING_SECONDARY = frozenset({"Starting", "Pending", "LaunchingMLInstances",
@@ -125,8 +124,12 @@ class SageMakerSettings:
     (another training image), ``s3_prefix`` (default ``launch``), ``job_prefix`` (default
     ``launch``), ``max_run_s``, ``max_wait_s`` (spot), ``volume_size_gb``, ``aws_retry_mode``
     (standard | adaptive), ``aws_max_attempts``, ``aws_connect_timeout_s``, ``aws_read_timeout_s``,
+    ``aws_status_deadline_s`` (the most one status or log read may take, retries included),
     ``api_interval_s`` (least seconds between SageMaker/CloudWatch reads of one job) and
     ``log_settle_s`` (how long to wait for late log lines once the job has ended).
+
+    ``timeout`` (``--timeout``: seconds, or ``90m``, ``12h``, ``2d``) sets ``max_run_s``, the
+    job's ``MaxRuntimeInSeconds``, and wins over a ``max_run_s`` from the config file.
     """
 
     region: str | None = None
@@ -144,6 +147,7 @@ class SageMakerSettings:
     aws_max_attempts: int = 6
     aws_connect_timeout_s: float = 5.0
     aws_read_timeout_s: float = 60.0
+    aws_status_deadline_s: float = 12.0
     api_interval_s: float = 2.0
     log_settle_s: float = 3.0
     log_page_size: int | None = None
@@ -153,8 +157,8 @@ class SageMakerSettings:
         values: dict[str, Any] = {}
         numbers = {"budget": float, "max_run_s": int, "max_wait_s": int, "volume_size_gb": int,
                    "aws_max_attempts": int, "aws_connect_timeout_s": float,
-                   "aws_read_timeout_s": float, "api_interval_s": float, "log_settle_s": float,
-                   "log_page_size": int}
+                   "aws_read_timeout_s": float, "aws_status_deadline_s": float,
+                   "api_interval_s": float, "log_settle_s": float, "log_page_size": int}
         for f in dataclasses.fields(cls):
             value = settings.get(f.name)
             if value is None:
@@ -166,6 +170,8 @@ class SageMakerSettings:
             elif isinstance(value, str):
                 value = value.strip()
             values[f.name] = value
+        if settings.get("timeout") not in (None, ""):
+            values["max_run_s"] = parse_timeout(settings["timeout"])
         made = cls(**values)
         made.validate()
         return made
@@ -194,8 +200,9 @@ class SageMakerSettings:
         if self.max_run_s < 1:
             raise UsageError(f"max_run_s must be at least 1, not {self.max_run_s}")
         if self.max_wait_s is not None and self.max_wait_s < self.max_run_s:
-            raise UsageError(f"max_wait_s ({self.max_wait_s}) must be at least max_run_s "
-                             f"({self.max_run_s}): SageMaker counts the run inside the wait")
+            raise UsageError(f"max_wait_s ({self.max_wait_s}) must be at least the run time "
+                             f"limit ({self.max_run_s} s: max_run_s or --timeout): SageMaker "
+                             "counts the run inside the wait")
         if self.volume_size_gb is not None and self.volume_size_gb < 1:
             raise UsageError(f"volume_size_gb must be at least 1, not {self.volume_size_gb}")
         if self.aws_retry_mode not in ("standard", "adaptive"):
@@ -208,6 +215,21 @@ class SageMakerSettings:
     @property
     def prefix(self) -> str:
         return self.s3_prefix.strip("/")
+
+
+def parse_timeout(value: Any) -> int:
+    """``--timeout`` (``3600``, ``90m``, ``12h``, ``2d``) as ``MaxRuntimeInSeconds``."""
+    from launcher.units import parse_duration
+
+    try:
+        seconds = parse_duration(value)
+    except ValueError:
+        raise BadValue(f"--timeout {value!r} is not a duration",
+                       "write it like 3600, 90m, 12h or 2d") from None
+    if not 1 <= seconds <= MAX_RUN_LIMIT_S:
+        raise BadValue(f"--timeout {value!r} is outside what SageMaker allows",
+                       "MaxRuntimeInSeconds is between 1 second and 28 days")
+    return seconds
 
 
 # -- names -------------------------------------------------------------------------------------
@@ -249,6 +271,7 @@ class CodePackage:
     entrypoint: str                 # relative to the unpacked folder
     replaced: tuple[str, ...] = ()  # user files with the name of a rendered one (ours win)
     data: bytes = field(default=b"", repr=False, compare=False)
+    upload: Selection | None = field(default=None, repr=False, compare=False)  # the code folder
 
     @property
     def s3_uri(self) -> str:
@@ -263,24 +286,6 @@ class CodePackage:
         return {"s3_uri": self.s3_uri, "sha256": self.sha256, "size_bytes": self.size_bytes,
                 "entrypoint": self.entrypoint, "files": list(self.files),
                 "replaced": list(self.replaced)}
-
-
-def _walk_code(code_dir: Path, skip: tuple[Path, ...]) -> Iterator[tuple[str, Path]]:
-    """(archive name, path) of the files of the user's folder worth shipping: not hidden (no
-    .git, .venv, .env with secrets, the launcher's .launch state), no caches, no virtualenvs."""
-    for folder, dirs, files in os.walk(code_dir):
-        here = Path(folder)
-        dirs[:] = sorted(
-            d for d in dirs
-            if not d.startswith(".") and d not in SKIPPED_DIRS
-            and not (here / d / "pyvenv.cfg").exists()
-            and (here / d).resolve() not in skip
-        )
-        for name in sorted(files):
-            path = here / name
-            if name.startswith(".") or name.endswith(SKIPPED_SUFFIXES) or not path.is_file():
-                continue
-            yield path.relative_to(code_dir).as_posix(), path
 
 
 def _relative_to(path: str, code_dir: Path, what: str) -> str:
@@ -312,27 +317,18 @@ def _tar(entries: dict[str, tuple[bytes, int]]) -> bytes:
     return buffer.getvalue()
 
 
-def build_package(job: Job, bucket: str, prefix: str) -> CodePackage:
-    """Pack the job's code; see :class:`CodePackage`.
+def build_package(job: Job, bucket: str, prefix: str,
+                  environ: Mapping[str, str] | None = None) -> CodePackage:
+    """Pack the job's code; see :class:`CodePackage`. Which files of the code folder go is
+    :func:`launcher.packaging.select`'s decision (shared with Vertex AI).
 
     ``plan.json`` is rewritten for the container: the recipe path relative to the unpacked folder
     and the checkpoint folder that SageMaker syncs (the rendered one names local paths).
     """
     code_dir = job.code_dir
-    state_dir = job.attempt_dir.resolve().parent.parent.parent  # <state>/runs/<run>/attempt-<n>
-    skip = (state_dir,) if state_dir.is_relative_to(code_dir.resolve()) else ()
-    entries: dict[str, tuple[bytes, int]] = {}
-    total = 0
-    for name, path in _walk_code(code_dir, skip):
-        size = path.stat().st_size
-        total += size
-        if total > MAX_PACKAGE_BYTES:
-            raise UsageError(
-                f"the code folder {code_dir} holds more than {MAX_PACKAGE_BYTES >> 20} MiB",
-                "keep data out of it (read it from S3 in build_dataloader) or move the script "
-                "to a folder of its own")
-        mode = 0o755 if os.access(path, os.X_OK) else 0o644
-        entries[name] = (path.read_bytes(), mode)
+    upload = packaging.select_for_job(job, environ, "S3 (read it in build_dataloader)")
+    entries: dict[str, tuple[bytes, int]] = {
+        f.name: (f.read(), 0o755 if f.executable else 0o644) for f in upload.files}
     rendered = job.rendered
     replaced = tuple(sorted(n for n in (*rendered.files, BOOTSTRAP_NAME) if n in entries))
     for name, text in rendered.files.items():
@@ -344,13 +340,14 @@ def build_package(job: Job, bucket: str, prefix: str) -> CodePackage:
     entrypoint = entry if entry in rendered.files else _relative_to(entry, code_dir, "script")
     if entrypoint not in entries:
         raise UsageError(f"the script {entrypoint} is not in the package of {code_dir}",
-                         "a hidden or cache folder is not packed; move the script")
+                         "the packaging rule leaves it out (docs/packaging.md); rename or move "
+                         "it")
     data = _tar(entries)
     digest = hashlib.sha256(data).hexdigest()
     key = "/".join(p for p in (prefix, "code", digest[:24], PACKAGE_NAME) if p)
     return CodePackage(bucket=bucket, key=key, sha256=digest, size_bytes=len(data),
                        files=tuple(sorted(entries)), entrypoint=entrypoint, replaced=replaced,
-                       data=data)
+                       data=data, upload=upload)
 
 
 def _container_plan(text: str, code_dir: Path) -> str:
@@ -382,7 +379,8 @@ class SageMakerRequest:
     def to_dict(self) -> dict[str, Any]:
         return {"api": "sagemaker:CreateTrainingJob", "region": self.region,
                 "create_training_job": json.loads(json.dumps(self.kwargs)),
-                "code_package": self.package.to_dict()}
+                "code_package": self.package.to_dict(),
+                **({"upload": self.package.upload.to_dict()} if self.package.upload else {})}
 
 
 def _metric_definitions() -> list[dict[str, str]]:
@@ -506,6 +504,13 @@ class SageMakerProvider(Provider):
         self.settings = settings
         self.environ = dict(os.environ if environ is None else environ)
         self._region: str | None = None
+        if (settings.region or self.environ.get("AWS_REGION")
+                or self.environ.get("AWS_DEFAULT_REGION")):
+            # Checked now, so a malformed region stops even `launch plan` (exit 2); only the
+            # profile's region waits for first use (finding it imports botocore).
+            from launcher.providers._aws import resolve_region
+
+            self._region = resolve_region(settings.region, self.environ)
         self._aws_handle: Any = None
         self._described: dict[str, tuple[float, dict[str, Any]]] = {}
         self._fetched: dict[str, float] = {}
@@ -533,7 +538,8 @@ class SageMakerProvider(Provider):
             s = self.settings
             self._aws_handle = Aws(self.region, self.environ, ClientSettings(
                 retry_mode=s.aws_retry_mode, max_attempts=s.aws_max_attempts,
-                connect_timeout_s=s.aws_connect_timeout_s, read_timeout_s=s.aws_read_timeout_s))
+                connect_timeout_s=s.aws_connect_timeout_s, read_timeout_s=s.aws_read_timeout_s,
+                status_deadline_s=s.aws_status_deadline_s))
         self._aws_handle.check_credentials()
         return self._aws_handle
 
@@ -586,7 +592,7 @@ class SageMakerProvider(Provider):
         machine = self.machine(plan)
         region = self.region
         name = job_name(job.run_id, job.attempt, s.job_prefix)
-        package = build_package(job, bucket, s.prefix)
+        package = build_package(job, bucket, s.prefix, self.environ)
         run_root = "/".join(p for p in (s.prefix, job.run_id) if p)
         image = s.image or training_image(region, plan.strategy)
 
@@ -707,8 +713,10 @@ class SageMakerProvider(Provider):
     def _adopt(self, name: str, run_id: str, attempt: int) -> str | None:
         """The job of this name, when it is this run's attempt (its environment says so)."""
         try:
-            description = self._aws().client("sagemaker").describe_training_job(
-                TrainingJobName=name)
+            description = self._aws().read("sagemaker", "describe_training_job",
+                                           TrainingJobName=name)
+        except LaunchError:
+            raise
         except Exception as exc:
             from launcher.providers._aws import error_code
 
@@ -766,9 +774,10 @@ class SageMakerProvider(Provider):
     # -- following -------------------------------------------------------------------------
 
     def _describe(self, job_id: str, max_age: float | None = None) -> dict[str, Any]:
-        """DescribeTrainingJob, at most once per ``api_interval_s`` per job. After retries fail
-        on throttling or the connection, the last answer stands in (the job has not moved
-        backwards), so a blip does not end the watch."""
+        """DescribeTrainingJob, at most once per ``api_interval_s`` per job, within
+        ``aws_status_deadline_s`` (an endpoint that never answers is one line, exit 6, in
+        seconds). After retries fail on throttling or the connection, the last answer stands in
+        (the job has not moved backwards), so a blip does not end the watch."""
         from launcher.providers._aws import error_code, is_transient
 
         age = self.settings.api_interval_s if max_age is None else max_age
@@ -777,8 +786,8 @@ class SageMakerProvider(Provider):
         if cached is not None and now - cached[0] < age:
             return cached[1]
         try:
-            description = self._aws().client("sagemaker").describe_training_job(
-                TrainingJobName=job_id)
+            description = self._aws().read("sagemaker", "describe_training_job",
+                                           TrainingJobName=job_id)
         except Exception as exc:
             if cached is not None and is_transient(exc):
                 return cached[1]
@@ -846,7 +855,7 @@ class SageMakerProvider(Provider):
         the cursor stops right after it, so the next call neither repeats nor skips a line."""
         from launcher.providers._aws import error_code, is_transient
 
-        logs = self._aws().client("logs")
+        aws = self._aws()
         streams: list[str] = []
         token: str | None = None
         try:
@@ -855,7 +864,7 @@ class SageMakerProvider(Provider):
                                           "logStreamNamePrefix": job_id + "/"}
                 if token:
                     kwargs["nextToken"] = token
-                page = logs.describe_log_streams(**kwargs)
+                page = aws.read("logs", "describe_log_streams", **kwargs)
                 streams += [s["logStreamName"] for s in page.get("logStreams", [])]
                 token = page.get("nextToken")
                 if not token:
@@ -878,7 +887,7 @@ class SageMakerProvider(Provider):
                         kwargs["nextToken"] = token
                     if self.settings.log_page_size:
                         kwargs["limit"] = self.settings.log_page_size
-                    page = logs.get_log_events(**kwargs)
+                    page = aws.read("logs", "get_log_events", **kwargs)
                     batch = page.get("events", [])
                     host = _host(stream)
                     for event in batch:

@@ -39,11 +39,13 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path, PurePosixPath
 from typing import Any, ClassVar
 
+from launcher import packaging
+from launcher.packaging import Selection
 from launcher.providers import _gcp
 from launcher.providers._gcp import LogCursor
 from launcher.providers.base import Job, JobStatus, Provider
 from launcher.render import PLAN_NAME
-from launcher.status import ProviderError, UsageError
+from launcher.status import BadValue, ProviderError, UsageError
 
 #: The prebuilt PyTorch GPU training image (Artifact Registry, per continent); ``image`` replaces
 #: it. See https://cloud.google.com/vertex-ai/docs/training/pre-built-containers
@@ -52,7 +54,13 @@ DEFAULT_PREFIX = "launch"
 #: Vertex AI's own default and maximum run time for a custom job is 7 days.
 DEFAULT_TIMEOUT_S = 7 * 24 * 3600
 LABEL_RUN, LABEL_ATTEMPT, LABEL_TOOL = "launch_run_id", "launch_attempt", "launched_by"
-JOB_NAME = re.compile(r"^projects/([^/]+)/locations/([^/]+)/customJobs/(\d+)$")
+#: A Google Cloud region (us-central1, europe-west4, northamerica-northeast1): it becomes part of
+#: the API's host name (REGION-aiplatform.googleapis.com), so nothing else may pass.
+REGION = re.compile(r"[a-z]+(?:-[a-z]+)+[0-9]{1,2}")
+REGION_SHAPE = ("lowercase words joined by hyphens and ending in a number, like us-central1 or "
+                "europe-west4")
+JOB_NAME = re.compile(r"^projects/([^/]+)/locations/([a-z]+(?:-[a-z]+)+[0-9]{1,2})/customJobs/"
+                      r"([0-9]+)$")
 #: Entries read from Cloud Logging per call at most; the cursor carries on from there.
 LOG_READ_LIMIT = 5000
 BUCKET_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]$")
@@ -147,6 +155,12 @@ class Timing:
     #: Backoff of retried calls: the first wait, and the most time spent retrying one call.
     retry_initial_s: float = 1.0
     retry_deadline_s: float = 120.0
+    #: Reading a job's state (`launch status`, the supervisor's poll): each try, and all tries
+    #: together. An endpoint that takes the connection and never answers is one line within
+    #: about deadline + timeout (12 s); a follower keeps the last state meanwhile, for at most
+    #: ``retry_deadline_s`` since the last answer.
+    status_timeout_s: float = 4.0
+    status_deadline_s: float = 8.0
 
     @classmethod
     def from_environ(cls, environ: dict[str, str]) -> Timing:
@@ -186,10 +200,14 @@ class VertexRequest:
     custom_job: dict[str, Any]
     staging: tuple[_gcp.StagedArchive, ...]
     attempt_dir: str | None = field(default=None, compare=False)  # where request.json is kept
+    upload: Selection | None = field(default=None, repr=False)  # the code folder's files
 
     def to_dict(self) -> dict[str, Any]:
-        return {"parent": self.parent, "customJob": self.custom_job,
+        data = {"parent": self.parent, "customJob": self.custom_job,
                 "staging": [archive.to_dict() for archive in self.staging]}
+        if self.upload is not None:  # what the code archive holds, and what was left out
+            data["upload"] = self.upload.to_dict()
+        return data
 
 
 class VertexProvider(Provider):
@@ -201,7 +219,7 @@ class VertexProvider(Provider):
                  timeout_s: int = DEFAULT_TIMEOUT_S, environ: dict[str, str] | None = None,
                  timing: Timing | None = None):
         self.project = project
-        self.region = region
+        self.region = check_region(region)
         self.bucket = bucket
         self.prefix = prefix.strip("/")
         self.service_account = service_account
@@ -233,8 +251,13 @@ class VertexProvider(Provider):
         raw_bucket = settings.get("bucket") or environ.get("LAUNCH_BUCKET")
         if raw_bucket:
             bucket, prefix = parse_bucket(str(raw_bucket))
-        region = settings.get("region") or environ.get("LAUNCH_REGION") or environ.get(
-            "CLOUDSDK_AI_REGION")
+        region = None
+        for source, value in (("--region or LAUNCH_REGION", settings.get("region")),
+                              ("LAUNCH_REGION", environ.get("LAUNCH_REGION")),
+                              ("CLOUDSDK_AI_REGION", environ.get("CLOUDSDK_AI_REGION"))):
+            if value:
+                region = check_region(value, source)
+                break
         if not region:
             raise UsageError("no region for Vertex AI",
                              "pass --region (e.g. us-central1) or set LAUNCH_REGION")
@@ -276,7 +299,9 @@ class VertexProvider(Provider):
         checkpoints = f"/gcs/{self.bucket}/{run_root}/checkpoints"
         staging = f"gs://{self.bucket}/{self.prefix + '/' if self.prefix else ''}staging"
 
-        code_members = _gcp.folder_members(job.code_dir, "code")
+        upload = packaging.select_for_job(job, self.environ, "Cloud Storage (jobs read "
+                                          "gs://BUCKET/... as /gcs/BUCKET/...)")
+        code_members = _gcp.code_members(upload, "code")
         entry = self._entrypoint(job)
         files = dict(job.rendered.files)
         if PLAN_NAME in files:
@@ -330,7 +355,7 @@ class VertexProvider(Provider):
                        LABEL_TOOL: "launch"},
         }
         return VertexRequest(parent=self.parent, custom_job=custom_job, staging=archives,
-                             attempt_dir=str(job.attempt_dir))
+                             attempt_dir=str(job.attempt_dir), upload=upload)
 
     @staticmethod
     def _entrypoint(job: Job) -> str:
@@ -437,9 +462,28 @@ class VertexProvider(Provider):
             ended = STATES.get(cached[1].state.name) in ("succeeded", "failed")
             if ended or time.monotonic() - cached[0] < self.timing.poll_s:
                 return cached[1]
+        from google.api_core import exceptions as gexc
+
+        started = time.monotonic()
         with _gcp.translating(f"reading the Vertex AI job {job_id}"):
-            job = self._job_client(location).get_custom_job(
-                name=job_id, retry=self._retry(reads=True), timeout=self.timing.rpc_timeout_s)
+            try:
+                job = self._job_client(location).get_custom_job(
+                    name=job_id, retry=_gcp.retry_policy(
+                        reads=True, initial=self.timing.retry_initial_s,
+                        deadline=self.timing.status_deadline_s),
+                    timeout=self.timing.status_timeout_s)
+            except gexc.RetryError as exc:
+                # The last answer stands in while it is recent (a blip does not end a watch).
+                if cached and time.monotonic() - cached[0] < self.timing.retry_deadline_s:
+                    return cached[1]
+                if _unanswered(exc.cause):
+                    raise ProviderError(
+                        f"reading the Vertex AI job {job_id}: {self._address(location)} did "
+                        f"not answer; gave up after {time.monotonic() - started:.1f} s",
+                        "check the network (and LAUNCH_VERTEX_ENDPOINT, if set) and "
+                        "https://status.cloud.google.com; the job itself is not affected"
+                    ) from None
+                raise
         self._jobs[job_id] = (time.monotonic(), job)
         return job
 
@@ -545,12 +589,18 @@ class VertexProvider(Provider):
             client = JobServiceClient(transport="rest", credentials=self._creds(True),
                                       client_options=ClientOptions(api_endpoint=endpoint.address))
         else:
-            # Vertex AI answers for a region only at that region's endpoint.
-            address = endpoint.address or f"{location}-aiplatform.googleapis.com"
+            address = self._address(location)
             client = JobServiceClient(credentials=self._creds(False),
                                       client_options=ClientOptions(api_endpoint=address))
         self._job_clients[location] = client
         return client
+
+    def _address(self, location: str) -> str:
+        """Where the job service of ``location`` is: Vertex AI answers for a region only at that
+        region's endpoint, whose host name holds the region (checked again here)."""
+        if self.vertex_endpoint.address:
+            return self.vertex_endpoint.address
+        return f"{check_region(location, 'the job name')}-aiplatform.googleapis.com"
 
     def _logs_reader(self) -> _gcp.LogReader:
         if self._log_reader is None:
@@ -665,17 +715,30 @@ def parse_bucket(value: str) -> tuple[str, str]:
 
 
 def parse_duration(value: Any) -> int:
-    """Seconds, or a number with s, m, h or d."""
-    text = str(value).strip().lower()
-    match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([smhd]?)", text)
-    if match is None:
-        raise UsageError(f"timeout {value!r} is not a duration", "write e.g. 3600, 90m, 12h, 2d")
-    seconds = float(match.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[
-        match.group(2)]
+    """``--timeout``: seconds, or a number with s, m, h or d (:func:`launcher.units.
+    parse_duration`), within what Vertex AI allows."""
+    from launcher.units import parse_duration as seconds_of
+
+    try:
+        seconds = seconds_of(value)
+    except ValueError:
+        raise BadValue(f"--timeout {value!r} is not a duration",
+                       "write it like 3600, 90m, 12h or 2d") from None
     if not 60 <= seconds <= DEFAULT_TIMEOUT_S:
-        raise UsageError(f"timeout {value!r} is outside what Vertex AI allows",
-                         "between a minute and 7 days")
-    return int(seconds)
+        raise BadValue(f"--timeout {value!r} is outside what Vertex AI allows",
+                       "between a minute and 7 days")
+    return seconds
+
+
+def check_region(region: Any, source: str = "") -> str:
+    """``region`` when it is shaped like a Google Cloud region, else a one-line
+    :class:`BadValue` naming it and where it came from."""
+    if not isinstance(region, str) or len(region) > 40 or not REGION.fullmatch(region):
+        shown = repr(region) if len(repr(region)) <= 80 else repr(region)[:77] + "..."
+        where = f" (from {source})" if source else ""
+        raise BadValue(f"region {shown}{where} is not a Google Cloud region",
+                       f"expected {REGION_SHAPE}")
+    return region
 
 
 def parse_job_name(job_id: str) -> tuple[str, str, str]:
@@ -707,6 +770,15 @@ def _rewrite_plan(text: str, job: Job, checkpoints: str) -> str:
     document["recipe_file"] = str(PurePosixPath("code", relative.as_posix()))
     document["checkpoint_dir"] = checkpoints
     return json.dumps(document, indent=2) + "\n"
+
+
+def _unanswered(cause: BaseException | None) -> bool:
+    """Whether a call gave up because nothing answered (rather than answers that were errors)."""
+    import requests
+    from google.api_core import exceptions as gexc
+
+    return cause is None or isinstance(cause, (
+        gexc.DeadlineExceeded, requests.exceptions.Timeout, requests.exceptions.ConnectionError))
 
 
 def _geo(region: str) -> str:

@@ -77,6 +77,13 @@ def boto3_calls(path: Path) -> list[ClientCall]:
         for node in ast.walk(function):
             if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
                 continue
+            # ``<aws>.read("svc", "operation", ...)``: a status read through Aws.read's deadline.
+            if (node.func.attr == "read" and len(node.args) >= 2
+                    and all(isinstance(a, ast.Constant) and isinstance(a.value, str)
+                            for a in node.args[:2])):
+                calls.append(ClientCall(path.stem, str(node.args[0].value),  # type: ignore[attr-defined]
+                                        str(node.args[1].value), node.lineno))  # type: ignore[attr-defined]
+                continue
             receiver = node.func.value
             service = _client_service(receiver) or (
                 bound.get(receiver.id) if isinstance(receiver, ast.Name) else None)

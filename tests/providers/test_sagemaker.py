@@ -53,6 +53,7 @@ from tests.fakes.sagemaker_server import (
     start_moto,
     success,
 )
+from tests.test_packaging import AWS_KEY_ID, PEM, PLANTED_KEPT, PLANTED_SKIPPED, plant_secrets
 
 ROLE = f"arn:aws:iam::{ACCOUNT}:role/SageMakerRole"
 BUCKET = "launch-test-bucket"
@@ -340,6 +341,55 @@ def test_content_hash_changes_with_the_content_only(tmp_path):
     inside = provider({}).dryrun(replace(job, code_dir=tmp_path / "code"))
     assert "code/train.py" in inside.package.files
     assert not any(name.startswith("state/") for name in inside.package.files)
+
+
+# -- what is uploaded (launcher/packaging.py) -----------------------------------------------------
+
+
+def test_the_code_package_holds_no_secrets_and_honours_ignore_files(tmp_path):
+    job = make_job(tmp_path)
+    gac = plant_secrets(job.code_dir, tmp_path / "home")
+    (job.code_dir / "conf").mkdir()
+    (job.code_dir / "conf" / "aws-shared").write_text(f"aws_access_key_id = {AWS_KEY_ID}\n")
+    environ = {"GOOGLE_APPLICATION_CREDENTIALS": str(gac),
+               "AWS_SHARED_CREDENTIALS_FILE": str(job.code_dir / "conf" / "aws-shared")}
+    request = provider(environ).dryrun(job)
+
+    # The very bytes `schedule` uploads.
+    with tarfile.open(fileobj=io.BytesIO(request.package.data), mode="r:gz") as tar:
+        members = tar.getmembers()
+        contents = b"".join(tar.extractfile(m).read() for m in members)
+    code = sorted(("train.py", *PLANTED_KEPT))
+    assert [m.name for m in members] == sorted(
+        (*code, BOOTSTRAP_NAME, "launch_train.py", "plan.json"))
+    assert all(m.isfile() for m in members)  # no links in the archive
+    assert b"aws_access_key_id" not in contents and b"private_key" not in contents
+
+    # `launch plan --json` shows the code folder's part of it, and what was left out and why.
+    upload = request.to_dict()["upload"]
+    assert upload["root"] == str(job.code_dir.resolve())
+    assert [f["name"] for f in upload["files"]] == code
+    skipped = {s["path"]: s["reason"] for s in upload["skipped"]}
+    assert {path: skipped.get(path) for path in PLANTED_SKIPPED} == PLANTED_SKIPPED
+    assert skipped["conf/aws-shared"] == "named by AWS_SHARED_CREDENTIALS_FILE"
+    assert skipped["aws-link"].startswith("symlink to outside the folder")
+
+
+def test_plan_refuses_a_private_key_beside_the_script(cli, tmp_path):
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "train.py").write_text(textwrap.dedent(RECIPE))
+    (code / "deploy").mkdir()
+    (code / "deploy" / "notes.md").write_text("# Deploying\n\nThe key:\n\n" + PEM)
+    result = cli("plan", str(code / "train.py"), "--provider", "sagemaker", "--json",
+                 "--machine", "ml.g5.xlarge", "--region", "us-east-1", "--bucket", BUCKET,
+                 "--role", ROLE, environ={"AWS_ACCESS_KEY_ID": "testing",
+                                          "AWS_SECRET_ACCESS_KEY": "testing",
+                                          "AWS_EC2_METADATA_DISABLED": "true"})
+    assert result.status == ExitStatus.USAGE, result.stdout
+    assert result.stderr.startswith(
+        "launch: error: refusing to upload deploy/notes.md: line 5 looks like a private key")
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
 
 
 @pytest.mark.parametrize(("settings", "plan", "words"), [
@@ -820,3 +870,121 @@ def test_logs_of_a_finished_job_come_whole_in_one_read(tmp_path, aws_env, fake):
                           f"[sagemaker] FailureReason: {HOST_OOM_REASON}"]
     assert sum(1 for x in lines if x.startswith("[algo-1]")) == 4
     assert p.logs(job_id, cursor)[0] == []
+
+
+# -- --timeout, and status calls against an endpoint that never answers ----------------------------
+
+
+def test_timeout_sets_max_runtime_and_spot_waits_at_least_as_long(tmp_path):
+    job = make_job(tmp_path, make_plan(cost_per_hour_usd=None))
+    stopping = provider({}, timeout="90m").dryrun(job).kwargs["StoppingCondition"]
+    assert stopping == {"MaxRuntimeInSeconds": 5400}
+    spot = provider({}, timeout="12h", spot=True).dryrun(job).kwargs
+    assert spot["StoppingCondition"] == {"MaxRuntimeInSeconds": 43200,
+                                         "MaxWaitTimeInSeconds": 86400}
+    botocore.validate.validate_parameters(spot, create_shape())
+    # --timeout wins over a max_run_s from the config file; a max_wait_s below it is refused.
+    assert provider({}, timeout="2d", max_run_s=600).dryrun(job).kwargs[
+        "StoppingCondition"] == {"MaxRuntimeInSeconds": 172800}
+    assert provider({}, timeout=7200, spot=True, max_wait_s=7200).dryrun(job).kwargs[
+        "StoppingCondition"] == {"MaxRuntimeInSeconds": 7200, "MaxWaitTimeInSeconds": 7200}
+    with pytest.raises(UsageError, match=r"max_wait_s \(3600\) must be at least"):
+        provider({}, timeout="2h", spot=True, max_wait_s=3600)
+    # The budget still caps it: $22 at $43.92 an hour is about half an hour.
+    capped = provider({}, timeout="12h", budget=22.0).dryrun(make_job(tmp_path))
+    assert capped.kwargs["StoppingCondition"] == {"MaxRuntimeInSeconds": 1803}
+
+
+def test_timeout_reaches_sagemaker(tmp_path, aws_env, fake):
+    fake.push(success(steps=1))
+    p = provider(aws_env, timeout="90m", spot=True)
+    job_id = p.schedule(p.dryrun(make_job(tmp_path)))
+    assert fake.jobs[job_id].request["StoppingCondition"] == {
+        "MaxRuntimeInSeconds": 5400, "MaxWaitTimeInSeconds": 10800}
+    assert fake.jobs[job_id].describe()["StoppingCondition"]["MaxRuntimeInSeconds"] == 5400
+
+
+def test_plan_shows_the_timeout_in_the_request(cli, tiny_recipe):
+    result = cli("plan", str(tiny_recipe), "--provider", "sagemaker", "--json",
+                 "--machine", "ml.g5.xlarge", "--region", "us-east-1", "--bucket", BUCKET,
+                 "--role", ROLE, "--timeout", "90m",
+                 environ={"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                          "AWS_EC2_METADATA_DISABLED": "true"})
+    assert result.status == 0, result.stderr
+    stopping = result.json()["request"]["create_training_job"]["StoppingCondition"]
+    assert stopping == {"MaxRuntimeInSeconds": 5400}
+
+
+@pytest.mark.parametrize("value", ["soon", "0", "29d", "-1h", "1.5 weeks"])
+def test_a_bad_timeout_is_one_line_exit_2(cli, tiny_recipe, value):
+    result = cli("plan", str(tiny_recipe), "--provider", "sagemaker", "--region", "us-east-1",
+                 "--timeout", value, "--json")
+    assert result.status == ExitStatus.USAGE == 2
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith("launch: error: ")
+    assert f"--timeout {value!r}" in result.stderr and "Traceback" not in result.stderr
+
+
+def _silent_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, endpoint: str,
+                **settings: Any) -> tuple[Any, dict[str, str]]:
+    from launcher.runs import Attempt, Run
+
+    environ = isolated_aws_env(monkeypatch, tmp_path, AWS_ACCESS_KEY_ID="testing",
+                               AWS_SECRET_ACCESS_KEY="testing-secret-value",
+                               AWS_ENDPOINT_URL=endpoint)
+    run = Run.create(tmp_path / "state", "train", {"provider": "sagemaker", "spec": {
+        "bucket": BUCKET, "role": ROLE, "region": "us-east-1", **settings}})
+    run.save_attempt(Attempt(number=1, plan={}, job_id="launch-silent-a1", state="running"))
+    return run, environ
+
+
+def test_status_against_an_endpoint_that_never_answers_ends_within_the_deadline(
+        tmp_path, cli, monkeypatch):
+    """The endpoint takes the connection and never answers. With the long timeouts of uploads
+    (six tries of a 60 s read) `launch status` took 7 minutes; status reads have their own
+    deadline (12 s by default; 2 s here to keep the test short) and fail in one line, exit 6."""
+    from tests.fakes.silent import silent_endpoint
+
+    with silent_endpoint() as (host, port):
+        run, environ = _silent_run(tmp_path, monkeypatch, f"http://{host}:{port}",
+                                   aws_status_deadline_s=2)
+        start = time.monotonic()
+        result = cli("status", run.id, environ=environ)
+        elapsed = time.monotonic() - start
+    assert result.status == ExitStatus.PROVIDER_ERROR == 6, result.stderr
+    assert elapsed < 15
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith("launch: error: ")
+    assert f"http://{host}:{port} did not answer" in result.stderr
+    assert "describing training job launch-silent-a1" in result.stderr
+
+
+def test_a_silent_endpoint_while_following_keeps_the_last_state(tmp_path, monkeypatch):
+    """The supervisor's poll: the last answer stands in (the job has not moved backwards), and
+    a log read that gets no answer returns what it has, both within the deadline."""
+    from launcher.providers._aws import ClientSettings, Unanswered, call_within
+    from tests.fakes.silent import silent_endpoint
+
+    with silent_endpoint() as (host, port):
+        _run, environ = _silent_run(tmp_path, monkeypatch, f"http://{host}:{port}")
+        p = provider(environ, aws_status_deadline_s=1)
+        p._described["launch-silent-a1"] = (time.monotonic() - 60, {
+            "TrainingJobStatus": "InProgress", "SecondaryStatus": "Training"})
+        start = time.monotonic()
+        assert p.poll("launch-silent-a1").state == "running"
+        lines, _cursor = p.logs("launch-silent-a1")
+        assert lines == [] and time.monotonic() - start < 15
+        with pytest.raises(ProviderError, match="did not answer") as caught:
+            p.poll("launch-other-a1")  # nothing to stand in
+        assert caught.value.status == ExitStatus.PROVIDER_ERROR
+    # The deadline holds whatever the call does (a trickling answer, a stuck DNS lookup).
+    start = time.monotonic()
+    with pytest.raises(Unanswered, match="did not answer within 0.2 s"):
+        call_within(0.2, lambda: time.sleep(5), "http://example.invalid")
+    assert time.monotonic() - start < 1
+    with pytest.raises(KeyError):
+        call_within(1, lambda: {}["x"], "http://example.invalid")
+    # The defaults: two tries of a third of the deadline each, the deadline under 15 s.
+    settings = ClientSettings()
+    status = settings.for_status()
+    assert settings.status_deadline_s < 15 and status.max_attempts == 2
+    assert status.max_attempts * status.read_timeout_s < settings.status_deadline_s
+    assert (settings.max_attempts, settings.read_timeout_s) == (6, 60.0)  # uploads keep theirs

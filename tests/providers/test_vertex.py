@@ -41,6 +41,13 @@ from tests.fakes.vertex_server import (  # noqa: E402
     wait_cancel,
     wait_read,
 )
+from tests.test_packaging import (  # noqa: E402
+    AWS_KEY_ID,
+    AWS_SECRET,
+    PLANTED_KEPT,
+    PLANTED_SKIPPED,
+    plant_secrets,
+)
 
 PROJECT = "launch-test"
 REGION = "us-central1"
@@ -298,6 +305,84 @@ def test_content_hashes_name_what_changed_only(tmp_path):
     edited = provider.dryrun(make_job(tmp_path))
     assert edited.staging[0].uri != first.staging[0].uri
     assert edited.staging[1].uri == first.staging[1].uri
+
+
+# -- what is uploaded (launcher/packaging.py) -----------------------------------------------------
+
+
+def test_the_staged_code_archive_holds_no_secrets_and_honours_ignore_files(tmp_path):
+    job = make_job(tmp_path)
+    gac = plant_secrets(job.code_dir, tmp_path / "home")
+    provider = VertexProvider.from_settings(
+        {"project": PROJECT, "region": REGION, "bucket": "launch-bucket"},
+        {"LAUNCH_VERTEX_ENDPOINT": "http://127.0.0.1:9",
+         "GOOGLE_APPLICATION_CREDENTIALS": str(gac)})
+    request = provider.dryrun(job)
+
+    # The very bytes `stage` uploads.
+    buffer = io.BytesIO()
+    vertex._gcp.write_archive(request.staging[0], buffer)
+    with tarfile.open(fileobj=io.BytesIO(buffer.getvalue()), mode="r:gz") as tar:
+        members = tar.getmembers()
+        contents = b"".join(tar.extractfile(m).read() for m in members)
+    expected = sorted(("train.py", *PLANTED_KEPT))
+    assert [m.name for m in members] == [f"code/{name}" for name in expected]
+    assert all(m.isfile() for m in members)  # no links in the archive
+    assert b"aws_access_key_id" not in contents and b"private_key" not in contents
+
+    # `launch plan --json` shows exactly that, and what was left out and why.
+    upload = request.to_dict()["upload"]
+    assert upload["root"] == str(job.code_dir.resolve())
+    assert [f["name"] for f in upload["files"]] == expected
+    assert upload["bytes"] == sum(m.size for m in members)
+    skipped = {s["path"]: s["reason"] for s in upload["skipped"]}
+    assert {path: skipped.get(path) for path in PLANTED_SKIPPED} == PLANTED_SKIPPED
+    assert skipped["aws-link"].startswith("symlink to outside the folder")
+
+
+def test_a_script_that_gitignore_leaves_out_is_refused_not_staged_without_it(tmp_path):
+    job = make_job(tmp_path)
+    (job.code_dir / ".gitignore").write_text("train.py\n")
+    provider = VertexProvider.from_settings(
+        {"project": PROJECT, "region": REGION, "bucket": "launch-bucket"},
+        {"LAUNCH_VERTEX_ENDPOINT": "http://127.0.0.1:9"})
+    with pytest.raises(UsageError, match=r"the script train.py is left out of the upload "
+                                         r"\(listed in .gitignore\)"):
+        provider.dryrun(job)
+
+
+def _plan_vertex(cli: Any, script: Path) -> Any:
+    return cli("plan", str(script), "--provider", "vertex", "--machine", "g2-standard-4",
+               "--project", PROJECT, "--region", REGION, "--bucket", "launch-bucket", "--json",
+               environ={"LAUNCH_VERTEX_ENDPOINT": f"http://127.0.0.1:{_free_port()}"})
+
+
+def test_plan_shows_the_upload_and_refuses_a_key_in_the_script(cli, write_script):
+    script = write_script(TINY_RECIPE)
+    result = _plan_vertex(cli, script)
+    assert result.status == 0, result.stderr
+    assert [f["name"] for f in result.json()["request"]["upload"]["files"]] == ["train.py"]
+
+    text = TINY_RECIPE + f'\nBACKUP_KEY = "{AWS_KEY_ID}"  # "just for now"\n'
+    write_script(text)
+    result = _plan_vertex(cli, script)
+    assert result.status == ExitStatus.USAGE, result.stdout
+    line = text.splitlines().index(f'BACKUP_KEY = "{AWS_KEY_ID}"  # "just for now"') + 1
+    assert result.stderr.startswith(
+        f"launch: error: refusing to upload train.py: line {line} looks like an AWS access key id")
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+    assert ".launchignore" in result.stderr
+    assert result.json()["exit_status"] == ExitStatus.USAGE
+
+
+def test_plan_refuses_a_secret_in_a_config_beside_the_script(cli, write_script):
+    script = write_script(TINY_RECIPE)
+    write_script(f"region: us-east-1\naws_secret_access_key: {AWS_SECRET}\n", "configs/prod.yaml")
+    result = _plan_vertex(cli, script)
+    assert result.status == ExitStatus.USAGE, result.stdout
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+    assert ("refusing to upload configs/prod.yaml: line 2 looks like an AWS secret access key"
+            in result.stderr)
 
 
 @pytest.mark.parametrize(("machine", "gpus", "words"), [
@@ -784,3 +869,88 @@ def test_end_to_end_the_staged_job_runs_on_two_nodes_ooms_and_resumes(
     names = [b.name.rsplit("/", 1)[-1] for b in storage.list_blobs(bucket)]
     assert sum(n.startswith("code-") for n in names) == 1
     assert sum(n.startswith("job-") for n in names) == 2
+
+
+# -- status against an endpoint that never answers; regions ----------------------------------------
+
+
+def _silent_environ(address: str, **extra: str) -> dict[str, str]:
+    return {"LAUNCH_VERTEX_ENDPOINT": address, "LAUNCH_LOGGING_ENDPOINT": address,
+            "LAUNCH_VERTEX_STATUS_TIMEOUT_S": "0.5", "LAUNCH_VERTEX_STATUS_DEADLINE_S": "1",
+            "LAUNCH_VERTEX_RETRY_INITIAL_S": "0.05", "LAUNCH_VERTEX_POLL_S": "0", **extra}
+
+
+@pytest.mark.parametrize("scheme", ["http", "grpc"])
+def test_status_against_an_endpoint_that_never_answers_ends_within_the_deadline(
+        tmp_path, cli, scheme):
+    """The endpoint takes the connection and never answers (REST: no HTTP response; gRPC: no
+    HTTP/2 settings). `launch status` fails in one line, exit 6, once the status deadline has
+    passed (about 12 s by default; 1 s here to keep the test short), not after 120 s of
+    retrying 30 s calls."""
+    from launcher.runs import Attempt, Run
+    from tests.fakes.silent import silent_endpoint
+
+    job_id = f"projects/{PROJECT}/locations/{REGION}/customJobs/7"
+    run = Run.create(tmp_path / "state", "train", {"provider": "vertex", "spec": {
+        "project": PROJECT, "region": REGION}})
+    run.save_attempt(Attempt(number=1, plan={}, job_id=job_id, state="running"))
+    with silent_endpoint() as (host, port):
+        start = time.monotonic()
+        result = cli("status", run.id, environ=_silent_environ(f"{scheme}://{host}:{port}"))
+        elapsed = time.monotonic() - start
+    assert result.status == ExitStatus.PROVIDER_ERROR == 6, result.stderr
+    assert elapsed < 15
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith("launch: error: ")
+    assert f"reading the Vertex AI job {job_id}: " in result.stderr
+    assert "did not answer" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_follower_keeps_the_last_state_through_a_short_silence():
+    from google.cloud.aiplatform_v1.types import CustomJob, JobState
+
+    from tests.fakes.silent import silent_endpoint
+
+    job_id = f"projects/{PROJECT}/locations/{REGION}/customJobs/8"
+    with silent_endpoint() as (host, port):
+        provider = VertexProvider.from_settings(
+            {"project": PROJECT, "region": REGION},
+            _silent_environ(f"http://{host}:{port}", LAUNCH_VERTEX_RETRY_DEADLINE_S="60"))
+        running = CustomJob(name=job_id, state=JobState.JOB_STATE_RUNNING)
+        provider._jobs[job_id] = (time.monotonic() - 30, running)
+        start = time.monotonic()
+        assert provider.poll(job_id).state == "running"  # answered 30 s ago: it stands in
+        provider._jobs[job_id] = (time.monotonic() - 90, running)
+        with pytest.raises(ProviderError, match="did not answer") as caught:
+            provider.poll(job_id)  # silent for longer than retry_deadline_s: say so
+        assert caught.value.status == ExitStatus.PROVIDER_ERROR
+        assert time.monotonic() - start < 15
+    timing = vertex.Timing()
+    assert timing.status_deadline_s + timing.status_timeout_s < 15
+
+
+@pytest.mark.parametrize("bad", ["evil.example.com:443#", "us-central1.evil.example.com",
+                                 "evil.example.com/", "US-CENTRAL1", "us-central1\n",
+                                 "us-central1@evil", "global", ""])
+def test_a_region_that_is_no_region_never_reaches_a_host_name(bad):
+    with pytest.raises(UsageError, match="is not a Google Cloud region") as caught:
+        VertexProvider(project=PROJECT, region=bad)
+    assert "us-central1" in caught.value.hint and "\n" not in str(caught.value)
+    with pytest.raises(UsageError, match="is not a Google Cloud region"):
+        VertexProvider.from_settings({"project": PROJECT},
+                                     {"LAUNCH_REGION": "", "CLOUDSDK_AI_REGION": bad or "x"})
+    # A recorded job name is read back by `launch status`: its location is a host name too.
+    with pytest.raises(UsageError, match="is not a Vertex AI custom job name"):
+        vertex.parse_job_name(f"projects/{PROJECT}/locations/{bad}/customJobs/1")
+    for good in ("us-central1", "europe-west4", "northamerica-northeast1", "me-central2"):
+        assert VertexProvider(project=PROJECT, region=good).region == good
+
+
+def test_an_unrecorded_attempt_is_adopted_by_its_labels(fake, storage_emulator, bucket,
+                                                        tmp_path):
+    """What `launch status` does after a launcher died between the create and its record."""
+    provider = provider_for(fake, storage_emulator, bucket)
+    job = make_job(tmp_path)
+    _request, job_id = provider.submit(job)
+    assert provider.adopt(RUN_ID, 1, job.attempt_dir) == job_id
+    assert provider.adopt(RUN_ID, 2, job.attempt_dir) is None
+    assert len(fake.jobs) == 1
