@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import re
 import signal
 import threading
 import time
@@ -27,6 +28,27 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 TOKEN_VAR = "LAUNCH_JOB_TOKEN"
+
+#: Environment variables that carry cloud credentials (or point at them): kept from every
+#: process that runs the user's code on this machine (the recipe probe, the trace, a local job).
+#: Regions, profiles' names and endpoints are not secrets and stay.
+CREDENTIAL_ENV = re.compile(
+    r"^(AWS_(ACCESS_KEY_ID|SECRET_ACCESS_KEY|SESSION_TOKEN|SECURITY_TOKEN|SHARED_CREDENTIALS_FILE"
+    r"|WEB_IDENTITY_TOKEN_FILE|CONTAINER_CREDENTIALS_\w+|CONTAINER_AUTHORIZATION_TOKEN\w*"
+    r"|BEARER_TOKEN_\w+)"
+    r"|GOOGLE_APPLICATION_CREDENTIALS|GOOGLE_OAUTH_ACCESS_TOKEN|GOOGLE_CREDENTIALS"
+    r"|CLOUDSDK_AUTH_\w+|GCE_METADATA_\w*TOKEN\w*"
+    r"|AZURE_(CLIENT_SECRET|CLIENT_CERTIFICATE_\w+|PASSWORD|FEDERATED_TOKEN_FILE))$")
+
+
+def user_environ(environ: dict[str, str]) -> dict[str, str]:
+    """The environment for a process that runs the user's code: the launcher's, less cloud
+    credentials (the code needs none to be traced or run locally, and one that logs its
+    environment must not log them), unless ``LAUNCH_LOCAL_PASS_CREDENTIALS=1`` asks for them."""
+    if environ.get("LAUNCH_LOCAL_PASS_CREDENTIALS") == "1":
+        return dict(environ)
+    return {k: v for k, v in environ.items() if not CREDENTIAL_ENV.match(k)}
+
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36

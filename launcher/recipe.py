@@ -136,7 +136,9 @@ def inspect_script(
 def _run_child(args: list[str], *, python: str, timeout_s: float | None,
                env: dict[str, str] | None, path: Path) -> dict[str, Any]:
     timeout = timeout_s or float((env or os.environ).get("LAUNCH_PROBE_TIMEOUT", DEFAULT_TIMEOUT_S))
-    child_env = dict(env if env is not None else os.environ)
+    from launcher.processes import user_environ
+
+    child_env = user_environ(dict(env if env is not None else os.environ))
     child_env.setdefault("OMP_NUM_THREADS", "1")
     # The child must import this very launcher, wherever the CLI was imported from.
     package_root = str(Path(__file__).resolve().parent.parent)

@@ -743,7 +743,9 @@ def _kill(proc: subprocess.Popen[str]) -> None:
 
 
 def _spawn(python: str, warm: bool = False) -> subprocess.Popen[str]:
-    env = dict(os.environ)
+    from launcher.processes import user_environ
+
+    env = user_environ(dict(os.environ))  # it runs the user's code: no cloud credentials
     env["PYTHONPATH"] = os.pathsep.join(
         [str(_REPO_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
     )

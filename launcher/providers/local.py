@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -33,26 +32,14 @@ from launcher.status import UsageError
 #: Threads per worker: torchrun's own default, set explicitly so it does not print its banner.
 OMP_THREADS = "1"
 
-#: Environment variables that carry cloud credentials (or point at them): kept from local jobs.
-#: Regions, profiles' names and endpoints are not secrets and stay.
-CREDENTIAL_ENV = re.compile(
-    r"^(AWS_(ACCESS_KEY_ID|SECRET_ACCESS_KEY|SESSION_TOKEN|SECURITY_TOKEN|SHARED_CREDENTIALS_FILE"
-    r"|WEB_IDENTITY_TOKEN_FILE|CONTAINER_CREDENTIALS_\w+|CONTAINER_AUTHORIZATION_TOKEN\w*"
-    r"|BEARER_TOKEN_\w+)"
-    r"|GOOGLE_APPLICATION_CREDENTIALS|GOOGLE_OAUTH_ACCESS_TOKEN|GOOGLE_CREDENTIALS"
-    r"|CLOUDSDK_AUTH_\w+|GCE_METADATA_\w*TOKEN\w*"
-    r"|AZURE_(CLIENT_SECRET|CLIENT_CERTIFICATE_\w+|PASSWORD|FEDERATED_TOKEN_FILE))$")
-
 #: How long a job may be recorded without a runner before it counts as never started.
 START_TIMEOUT_S = 30.0
 
 
 def job_environ(environ: dict[str, str]) -> dict[str, str]:
     """The environment a local job starts from: the launcher's, less cloud credentials unless
-    ``LAUNCH_LOCAL_PASS_CREDENTIALS=1`` asks for them."""
-    if environ.get("LAUNCH_LOCAL_PASS_CREDENTIALS") == "1":
-        return dict(environ)
-    return {k: v for k, v in environ.items() if not CREDENTIAL_ENV.match(k)}
+    ``LAUNCH_LOCAL_PASS_CREDENTIALS=1`` asks for them (``processes.user_environ``)."""
+    return processes.user_environ(environ)
 
 
 def job_token(attempt_dir: Path) -> str:

@@ -201,3 +201,29 @@ def test_kill_9_of_launch_during_a_preflight_leaves_no_trace_process(tmp_path: P
     while any(processes.alive(pid) for pid in tree) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not [pid for pid in tree if processes.alive(pid)]
+
+
+def test_the_preflight_runs_the_recipe_without_cloud_credentials(tmp_path: Path) -> None:
+    """The recipe probe and the trace import the user's code: neither sees the launcher's cloud
+    credentials (a recipe that logs its environment must not log them)."""
+    seen = tmp_path / "seen.txt"
+    recipe = _write(tmp_path, "peek", f'''
+import os, torch
+with open({str(seen)!r}, "a") as out:
+    out.write(f"{{'AWS_SECRET_ACCESS_KEY' in os.environ}} {{os.environ.get('AWS_REGION')}}\\n")
+
+def build_model():
+    return torch.nn.Linear(4, 4)
+
+def example_batch(batch_size):
+    return torch.randn(batch_size, 4)
+
+def training_step(model, batch):
+    return model(batch).sum()
+''')
+    proc = _launch("plan", str(recipe), "--json", cwd=tmp_path,
+                   env={"AWS_SECRET_ACCESS_KEY": "very-secret", "AWS_REGION": "eu-west-1",
+                        "LAUNCH_STATE_DIR": str(tmp_path / "state")})
+    assert proc.returncode == 0, proc.stderr
+    lines = seen.read_text().splitlines()
+    assert len(lines) >= 2 and set(lines) == {"False eu-west-1"}, lines
