@@ -69,8 +69,12 @@ CODE_DIR = f"{OPT_ML}/code"
 RESOURCE_CONFIG = f"{OPT_ML}/input/config/resourceconfig.json"
 CHECKPOINT_LOCAL = f"{OPT_ML}/checkpoints"
 BOOTSTRAP_NAME = "launch_sagemaker.py"
-#: Unpack the code channel and run the rest of the arguments there. "$1" archive, "$2" folder.
-ENTRY_SHELL = 'set -e; mkdir -p "$2"; tar -xzf "$1" -C "$2"; cd "$2"; shift 2; exec "$@"'
+#: Check the code channel's archive against the hash the job was created with (jobs can write to
+#: the bucket), unpack it and run the rest of the arguments there. "$1" archive, "$2" folder,
+#: "$3" its sha256.
+ENTRY_SHELL = ('set -e; echo "$3  $1" | sha256sum -c --status || { echo "launch: $1 is not '
+               'the archive this job was created with" >&2; exit 1; }; mkdir -p "$2"; '
+               'tar -xzf "$1" -C "$2"; cd "$2"; shift 3; exec "$@"')
 MASTER_PORT = 29500
 
 #: The job name rule of the CreateTrainingJob API.
@@ -628,7 +632,7 @@ class SageMakerProvider(Provider):
         if s.spot:
             stopping["MaxWaitTimeInSeconds"] = max(s.max_wait_s or 2 * max_run, max_run)
         arguments = [
-            CODE_ARCHIVE, CODE_DIR,
+            CODE_ARCHIVE, CODE_DIR, package.sha256,
             "python3", BOOTSTRAP_NAME, "--nproc-per-node", str(plan.gpus_per_node),
             "--resource-config", RESOURCE_CONFIG, "--master-port", str(MASTER_PORT),
             package.entrypoint,

