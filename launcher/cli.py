@@ -202,12 +202,14 @@ def _plan(env: Environment, options: dict[str, Any], *, dry_run: bool = False
     from launcher.preflight import preflight
     from launcher.providers import PLANNED, REGISTRY, get_provider
     from launcher.recipe import inspect_script
-    from launcher.spec import Config, build_spec
+    from launcher.spec import Config, build_spec, check_options
 
     ctx = click.get_current_context()
     if isinstance(ctx.default_map, Config):  # provider settings that are no option: s3_prefix
         options = {**ctx.default_map.extras(p.name for p in ctx.command.params if p.name),
                    **options}
+    origins = _origins(ctx)
+    check_options({"provider": options.get("provider")}, origins)  # named where it came from
     script = options["script"]
     options["script"] = script if script.is_absolute() else env.cwd / script
     for key in ("model_config",):
@@ -225,13 +227,14 @@ def _plan(env: Environment, options: dict[str, Any], *, dry_run: bool = False
             if not dry_run or name not in REGISTRY or isinstance(exc, BadValue):
                 raise
             provider_error = str(exc)
+    check_options(options, origins)  # the provider's own checks first; then before any probe
     tracing = _prestart_trace(env, options)
     probe = None
     if tracing:
         from launcher.estimate.traced import probe
     info = inspect_script(options["script"], python=env.python, env=env.environ,
                           local=name == "local", count_flops=not tracing, probe=probe)
-    spec = build_spec(options, info, _origins(ctx))
+    spec = build_spec(options, info, origins)
     result = preflight(spec, info, env.state_dir, env.environ)
     if provider_error:
         result.notes.append(f"no {name} request: {provider_error}")
@@ -668,10 +671,15 @@ def main(args: list[str] | None = None, env: Environment | None = None) -> int:
     as_json = "--json" in args
     try:
         defaults = None
-        if _command(args) in CONFIG_COMMANDS and not {"--help", "-h"} & set(args):
+        if _command(args) in CONFIG_COMMANDS:
             from launcher.spec import load_config
 
-            config, _source = load_config(env.cwd, config_keys())
+            try:
+                config, _source = load_config(env.cwd, config_keys())
+            except UsageError:
+                if not {"--help", "-h"} & set(args):
+                    raise
+                config = None  # help needs no config, and a broken one must not hide it
             defaults = {name: config for name in CONFIG_COMMANDS}
         code = cli.main(args=args, prog_name="launch", standalone_mode=False, obj=env,
                         default_map=defaults)

@@ -5,15 +5,24 @@ environment variables (provider settings only, ``LAUNCH_REGION`` ...), the confi
 (``launch.toml`` or ``[tool.launch]`` in ``pyproject.toml``), the recipe's ``LAUNCH``, defaults.
 Flags and environment variables are resolved by click; this module adds the config file (as
 click's ``default_map``) and the ``LAUNCH`` layer.
+
+A bad value is a usage error (exit 2) that names where it came from: the flag, the environment
+variable, the config file and its key, or the recipe's ``LAUNCH`` key.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import json
+import math
+import re
 import tomllib
+import typing
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from launcher.plan.plan import OPTIMIZERS, PRECISIONS, STRATEGIES
 from launcher.recipe import ScriptInfo
@@ -32,6 +41,36 @@ DEFAULTS: dict[str, Any] = {
     "global_batch_size": 8, "steps": 100, "lr": 3e-4, "log_every": 1, "checkpoint_every": 50,
     "seed": 0, "max_grad_norm": 1.0, "weight_decay": 0.0,
 }
+
+#: The most any count may be: far beyond a real run, and small enough that every sum and product
+#: made of it downstream stays a finite float (and a C int where torch or torchrun takes it).
+MAX_COUNT = 2**31 - 1
+#: The most a batch may be: the planner tries the micro-batches that divide it one by one.
+MAX_BATCH = 2**20
+#: The most parameters a model may have (a quadrillion).
+MAX_PARAMS = 10**15
+#: Seeds and memory caps: what a signed 64-bit integer holds (torch's seed, setrlimit).
+MAX_INT64 = 2**63 - 1
+
+#: Whole-number settings: (least, most).
+INT_RANGES: dict[str, tuple[int, int]] = {
+    **{name: (1, MAX_COUNT) for name in (
+        "steps", "nodes", "gpus_per_node", "seq_len", "log_every", "checkpoint_every",
+        "max_attempts", "layers", "hidden_size", "heads", "vocab_size")},
+    "global_batch_size": (1, MAX_BATCH), "micro_batch_size": (1, MAX_BATCH),
+    "params": (1, MAX_PARAMS), "seed": (0, MAX_INT64), "memory_limit": (1, MAX_INT64),
+}
+#: Real-number settings: whether zero is allowed, and a hint (all must be finite, none negative).
+FLOAT_RULES: dict[str, tuple[bool, str]] = {
+    "lr": (False, ""),
+    "budget": (False, "the most USD to spend"),
+    "max_grad_norm": (False, "None turns gradient clipping off"),
+    "weight_decay": (True, ""),
+}
+#: Text settings: one line, no control characters (they end up in requests, names and paths).
+TEXT_FIELDS = ("provider", "strategy", "machine", "precision", "optimizer", "region", "bucket",
+               "project", "service_account", "role", "image", "timeout", "model_config")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 @dataclass(frozen=True)
@@ -87,74 +126,308 @@ class Spec:
         return data
 
 
-def load_config(cwd: Path) -> tuple[dict[str, Any], Path | None]:
-    """The nearest ``launch.toml`` or ``pyproject.toml`` ``[tool.launch]``, searching upward."""
+# -- the config file ---------------------------------------------------------------------------
+
+#: What a config key's value must be: ``count`` and ``size`` are numbers or text like ``7B`` and
+#: ``2GiB``; ``path`` is text.
+Kind = Literal["int", "float", "bool", "str", "path", "count", "size"]
+_KIND_WORDS: dict[str, str] = {
+    "int": "a whole number", "float": "a number", "bool": "true or false", "str": "text",
+    "path": "a path (text)", "count": "a count like 7B or 7000000000",
+    "size": "a size like 2GiB or 2147483648",
+}
+
+
+@dataclass(frozen=True)
+class ConfigKey:
+    """A key a config file may hold: ``name`` as written (``-`` or ``_``), what its value must be,
+    and the command-line option it is the default of (``None``: a provider setting only, like
+    SageMaker's ``s3_prefix``, which reaches the provider as it is)."""
+
+    name: str
+    kind: Kind
+    param: str | None = None
+
+
+class Config(dict[str, Any]):
+    """A config file's values by click parameter name (so it is click's ``default_map`` of the
+    commands that read it); provider settings that are no option keep their own name.
+    ``origin(name)`` says where a value came from, for messages."""
+
+    def __init__(self, values: Mapping[str, Any] | None = None, path: Path | None = None,
+                 names: Mapping[str, str] | None = None, table: str = ""):
+        super().__init__(values or {})
+        self.path = path
+        self.names = dict(names or {})  # parameter name -> key as written in the file
+        self.table = table  # "[tool.launch]" for a pyproject.toml
+
+    @property
+    def where(self) -> str:
+        return f"{self.path} {self.table}".rstrip()
+
+    def origin(self, name: str) -> str:
+        return f"{self.names.get(name, name)} in {self.where}"
+
+    def extras(self, options: Iterable[str]) -> dict[str, Any]:
+        """The values that are none of ``options`` (provider settings like ``s3_prefix``)."""
+        taken = set(options)
+        return {k: v for k, v in self.items() if k not in taken}
+
+
+def settings_kinds(cls: type) -> dict[str, Kind]:
+    """The config keys a provider's settings dataclass takes, each with its kind, from the
+    dataclass's own field types (``int | None`` is ``int``)."""
+    hints = typing.get_type_hints(cls)
+    kinds: dict[str, Kind] = {}
+    for f in dataclasses.fields(cls):
+        types = {t for t in typing.get_args(hints[f.name]) or (hints[f.name],)
+                 if t is not type(None)}
+        for python, kind in ((bool, "bool"), (int, "int"), (float, "float"), (str, "str")):
+            if python in types:
+                kinds[f.name] = kind  # type: ignore[assignment]
+                break
+    return kinds
+
+
+def load_config(cwd: Path, keys: Mapping[str, ConfigKey] | None = None) -> tuple[Config,
+                                                                                  Path | None]:
+    """The nearest ``launch.toml`` or ``pyproject.toml`` ``[tool.launch]``, searching upward,
+    checked against ``keys`` (by default every option of run, plan and doctor and every provider
+    setting: ``launcher.cli.config_keys()``). A key it does not know, a value of the wrong type,
+    a number that is not finite or text with control characters is a :class:`UsageError` that
+    names the file and the key."""
+    if keys is None:
+        from launcher.cli import config_keys
+
+        keys = config_keys()
     for folder in (cwd, *cwd.parents):
         for name in ("launch.toml", "pyproject.toml"):
             path = folder / name
-            if not path.is_file():
-                continue
             try:
-                data = tomllib.loads(path.read_text(encoding="utf-8"))
-            except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-                raise UsageError(f"{path}: not valid TOML: {exc}") from None
-            if name == "pyproject.toml":
-                data = data.get("tool", {}).get("launch")
-                if data is None:
+                if not path.is_file():
                     continue
-            return {k.replace("-", "_"): v for k, v in data.items()}, path
-    return {}, None
+                data: Any = tomllib.loads(path.read_text(encoding="utf-8"))
+            except ValueError as exc:  # TOMLDecodeError, UnicodeDecodeError, a 5000-digit int
+                raise UsageError(f"{path}: not valid TOML: {' '.join(str(exc).split())}") from None
+            except OSError as exc:
+                raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
+            table = ""
+            if name == "pyproject.toml":
+                tool = data.get("tool")
+                if not isinstance(tool, dict) or "launch" not in tool:
+                    continue
+                data, table = tool["launch"], "[tool.launch]"
+                if not isinstance(data, dict):
+                    raise UsageError(f"{path}: [tool.launch] must be a table of settings, not "
+                                     f"{_show(data)}", "write it as [tool.launch] key = value")
+            return _checked(data, path, table, keys), path
+    return Config(), None
 
 
-def build_spec(options: dict[str, Any], info: ScriptInfo) -> Spec:
-    """Merge click's resolved options (flags > env > config) over ``LAUNCH`` and defaults."""
+def _checked(data: dict[str, Any], path: Path, table: str, keys: Mapping[str, ConfigKey]
+             ) -> Config:
+    where = f"{path} {table}".rstrip()
+    values: dict[str, Any] = {}
+    names: dict[str, str] = {}
+    written: dict[str, str] = {}
+    for raw, value in data.items():
+        name = raw.replace("-", "_")
+        key = keys.get(name)
+        if key is None:
+            raise unknown_key(where, "key", raw, [k.replace("_", "-") if "-" in raw else k
+                                                  for k in keys])
+        if name in written:
+            raise UsageError(f"{where}: {raw!r} and {written[name]!r} are the same key",
+                             "keep one of them")
+        written[name] = raw
+        label = f"{raw} in {where}"
+        values[key.param or name] = _config_value(value, key, label)
+        names[key.param or name] = raw
+    return Config(values, path, names, table)
+
+
+def _config_value(value: Any, key: ConfigKey, label: str) -> Any:
+    kind = key.kind
+    if kind in ("int", "float", "count", "size"):
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if kind == "int":
+            ok = isinstance(value, int) and not isinstance(value, bool)
+        elif kind in ("count", "size"):
+            ok = ok or isinstance(value, str)
+        if ok and isinstance(value, float) and not _finite(value):
+            raise UsageError(f"{label} must be a finite number, not {_toml(value)}")
+    elif kind == "bool":
+        ok = isinstance(value, bool)
+    else:
+        ok = isinstance(value, str)
+    if not ok:
+        raise UsageError(f"{label} must be {_KIND_WORDS[kind]}, not {_toml(value)}")
+    if isinstance(value, str):
+        _one_line(value, label)
+    if kind in ("count", "size"):
+        from launcher.units import parse_bytes, parse_count
+
+        try:
+            (parse_count if kind == "count" else parse_bytes)(value)
+        except ValueError as exc:
+            raise UsageError(f"{label}: {exc}") from None
+    if key.param is None and kind == "int" and value < 1:
+        raise UsageError(f"{label} must be at least 1, not {value}")
+    if key.param is None and kind == "float" and value < 0:
+        raise UsageError(f"{label} must not be negative, not {value}")
+    return value
+
+
+def _toml(value: Any) -> str:
+    """A config value as TOML writes it (``true``, ``"text"``, ``[1, 2]``), cut short."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    try:
+        text = json.dumps(value, ensure_ascii=False, default=str)
+    except (ValueError, RecursionError):
+        return _show(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def unknown_key(where: str, what: str, key: str, known: Iterable[str]) -> UsageError:
+    """``where: unknown what 'key'`` with the closest known key, if one is close, and the rest."""
+    known = sorted(set(known))
+    close = difflib.get_close_matches(str(key), known, n=1)
+    hint = (f"did you mean {close[0]!r}? " if close else "") + f"known keys: {', '.join(known)}"
+    return UsageError(f"{where}: unknown {what} {_show(key)}", hint)
+
+
+# -- the spec ----------------------------------------------------------------------------------
+
+
+def build_spec(options: dict[str, Any], info: ScriptInfo,
+               origins: Mapping[str, str] | None = None) -> Spec:
+    """Merge click's resolved options (flags > env > config) over ``LAUNCH`` and defaults.
+
+    ``origins``: where each option's value came from, as messages should name it (``--steps``,
+    ``steps in /work/launch.toml``); an option without one is named as its flag."""
     launch = dict(info.launch)
-    unknown = sorted(set(launch) - set(LAUNCH_KEYS))
+    name = info.path.name
+    unknown = sorted(str(k) for k in set(launch) - set(LAUNCH_KEYS))
     if unknown:
-        raise UsageError(f"{info.path.name}: unknown LAUNCH key {unknown[0]!r}",
-                         f"known keys: {', '.join(sorted(LAUNCH_KEYS))}")
+        raise unknown_key(name, "LAUNCH key", unknown[0], LAUNCH_KEYS)
+    labels: dict[str, str] = {}
     for key, value in launch.items():
         expected = LAUNCH_KEYS[key]
+        labels[key] = f"LAUNCH[{key!r}] in {name}"
         ok = isinstance(value, expected) and not (
-            isinstance(value, bool) and expected in (int, (float, int)))
+            isinstance(value, bool) and expected in (int, (float, int), (float, int, type(None))))
         if not ok:
-            raise UsageError(f"{info.path.name}: LAUNCH[{key!r}] = {value!r} has the wrong type")
+            raise UsageError(f"{labels[key]} must be {_type_words(expected)}, not {_show(value)}")
     fields = {f.name for f in dataclasses.fields(Spec)}
     values: dict[str, Any] = dict(DEFAULTS)
     values.update({k: v for k, v in launch.items() if k in fields})
-    values.update({k: v for k, v in options.items() if k in fields and v is not None})
+    for key, value in options.items():
+        if key in fields and value is not None:
+            values[key] = value
+            labels[key] = (origins or {}).get(key) or _flag(key)
     values["script"] = info.path
     values["mode"] = info.mode
     spec = Spec(**values)
-    _validate(spec)
+    _validate(spec, labels)
     return spec
 
 
-def _validate(spec: Spec) -> None:
-    def choice(name: str, value: str | None, allowed: tuple[str, ...]) -> None:
-        if value is not None and value not in allowed:
-            raise UsageError(f"unknown {name} {value!r}", f"choose one of {', '.join(allowed)}")
+def check_options(options: Mapping[str, Any], origins: Mapping[str, str] | None = None
+                  ) -> None:
+    """Each option's value on its own, before anything is probed or built (``build_spec``
+    checks them again, with ``LAUNCH`` merged in): a bad flag fails at once, named as it came."""
+    fields = {f.name for f in dataclasses.fields(Spec)}
+    _check_fields({k: v for k, v in options.items() if k in fields and v is not None},
+                  lambda name: (origins or {}).get(name) or _flag(name))
 
-    choice("provider", spec.provider, PROVIDERS)
-    choice("strategy", spec.strategy, STRATEGIES)
-    choice("precision", spec.precision, PRECISIONS)
-    choice("optimizer", spec.optimizer, OPTIMIZERS)
-    for name in ("global_batch_size", "steps", "micro_batch_size", "nodes", "gpus_per_node",
-                 "seq_len", "log_every", "checkpoint_every", "max_attempts", "layers",
-                 "hidden_size", "heads", "vocab_size", "params"):
-        value = getattr(spec, name)
-        if value is not None and value < 1:
-            raise UsageError(f"--{name.replace('_', '-')} must be at least 1, not {value}")
+
+def _validate(spec: Spec, labels: Mapping[str, str] | None = None) -> None:
+    _check_fields({f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)},
+                  lambda name: (labels or {}).get(name) or _flag(name))
     if spec.strategy == "smp_v2" and spec.provider != "sagemaker":
         raise UsageError("smp_v2 is SageMaker's model-parallel library and runs only there",
                          "use --provider sagemaker, or --strategy fsdp / hybrid_shard")
-    if spec.lr <= 0:
-        raise UsageError(f"the learning rate must be positive, not {spec.lr}")
-    if spec.budget is not None and spec.budget <= 0:
-        raise UsageError(f"--budget must be a positive amount of USD, not {spec.budget}")
     if spec.mode == "script" and spec.params is None and spec.model_config is None:
         raise UsageError(
             f"{spec.script.name} is a plain script, so launch cannot trace its model",
             "describe it with --model-config config.json or --params 7B, or make it a recipe "
             "(build_model, example_batch, training_step)",
         )
+
+
+def _check_fields(values: Mapping[str, Any], label: Callable[[str], str]) -> None:
+    """Every field of ``values`` on its own: text is one line, a choice is known, a number is
+    finite and in range; ``label(name)`` names where a value came from."""
+    for name in TEXT_FIELDS:
+        if values.get(name) is not None:
+            _one_line(str(values[name]), label(name))
+
+    def choice(name: str, allowed: tuple[str, ...]) -> None:
+        value = values.get(name)
+        if value is not None and value not in allowed:
+            source = "" if label(name) == _flag(name) else f" from {label(name)}"
+            raise UsageError(f"unknown {name} {_show(value)}{source}",
+                             f"choose one of {', '.join(allowed)}")
+
+    choice("provider", PROVIDERS)
+    choice("strategy", STRATEGIES)
+    choice("precision", PRECISIONS)
+    choice("optimizer", OPTIMIZERS)
+    for name, (least, most) in INT_RANGES.items():
+        value = values.get(name)
+        if value is None:
+            continue
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise UsageError(f"{label(name)} must be a whole number, not {_show(value)}")
+        if value < least:
+            raise UsageError(f"{label(name)} must be at least {least}, not {_show(value)}")
+        if value > most:
+            raise UsageError(f"{label(name)} must be at most {most}, not {_show(value)}")
+    for name, (zero, hint) in FLOAT_RULES.items():
+        value = values.get(name)
+        if value is None:
+            continue
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            raise UsageError(f"{label(name)} must be a number, not {_show(value)}", hint)
+        if not _finite(value):
+            raise UsageError(f"{label(name)} must be a finite number, not {_show(value)}", hint)
+        if value < 0 or (value == 0 and not zero):
+            if name == "budget":
+                raise UsageError(f"{label(name)} must be a positive amount of USD, not {value}")
+            bound = "must not be negative" if zero else "must be positive"
+            raise UsageError(f"{label(name)} {bound}, not {value}", hint)
+
+
+def _finite(value: float) -> bool:
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int no float holds
+        return False
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _one_line(text: str, label: str) -> None:
+    if _CONTROL.search(text):
+        raise UsageError(f"{label} must be one line of text without control characters, "
+                         f"not {_show(text)}")
+
+
+def _type_words(expected: type | tuple[type, ...]) -> str:
+    words = {int: "a whole number", float: "a number", str: "text", bool: "true or false",
+             type(None): "None"}
+    kinds = expected if isinstance(expected, tuple) else (expected,)
+    if float in kinds:
+        kinds = tuple(k for k in kinds if k is not int)
+    return " or ".join(words[k] for k in kinds)
+
+
+def _show(value: Any) -> str:
+    """``repr`` of a value, cut short: it goes into a one-line message."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."

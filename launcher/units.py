@@ -35,7 +35,10 @@ def _scaled(text: object, units: dict[str, int], what: str, example: str,
     """A number and a unit of ``units``; ValueError (one line) for anything else, a number too
     large for a float (``1e999``) included."""
     if isinstance(text, (int, float)) and not isinstance(text, bool):
-        number, unit = float(text), ""
+        try:
+            number, unit = float(text), ""
+        except OverflowError:  # an int no float holds
+            raise ValueError(f"not a {what}: {_short(text)} is too large") from None
     else:
         match = _NUMBER.match(text) if isinstance(text, str) else None
         unit = match.group(2).lower() if match else ""
@@ -43,6 +46,8 @@ def _scaled(text: object, units: dict[str, int], what: str, example: str,
             raise ValueError(f"not a {what}: {_short(text)} (write it like {example})")
         number = float(match.group(1))
     value = number * units[unit]
+    if value < 0:
+        raise ValueError(f"not a {what}: {_short(text)} is negative")
     if math.isnan(value):
         raise ValueError(f"not a {what}: {_short(text)} (write it like {example})")
     if math.isinf(value):

@@ -149,18 +149,62 @@ class ModelShape:
         return self.parameters - idle
 
 
+#: The most a size in a config may be: beyond any model, and small enough that every count and
+#: byte figure made of it stays a finite float.
+MAX_SIZE = 2**31 - 1
+#: Sizes that may be 0 (BERT-like encoders without token types); every other one is at least 1.
+MAY_BE_ZERO = ("type_vocab_size",)
+
+
 def _get(config: dict[str, Any], *names: str, default: Any = None) -> Any:
+    """The first of ``names`` the config sets (not null): a size, so a whole number from 1 to
+    MAX_SIZE (a UsageError naming the field otherwise: ``"4096"``, 0 heads, -1 layers)."""
     for name in names:
-        if config.get(name) is not None:
-            return config[name]
+        value = config.get(name)
+        if value is not None:
+            return _size(name, value)
     return default
+
+
+def _size(name: str, value: Any) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise UsageError(f"{name} must be a whole number, not {_show(value)}")
+    least = 0 if name in MAY_BE_ZERO else 1
+    if value < least:
+        raise UsageError(f"{name} must be at least {least}, not {_show(value)}")
+    if value > MAX_SIZE:
+        raise UsageError(f"{name} must be at most {MAX_SIZE}, not {_show(value)}")
+    return value
+
+
+def _flag(config: dict[str, Any], name: str, default: bool) -> bool:
+    """A true/false field (``tie_word_embeddings``): a JSON boolean, or absent/null."""
+    value = config.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise UsageError(f"{name} must be true or false, not {_show(value)}")
+    return value
+
+
+def _show(value: Any) -> str:
+    text = json.dumps(value) if _jsonable(value) else repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _jsonable(value: Any) -> bool:
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError, RecursionError):
+        return False
+    return True
 
 
 def shape_from_config(config: dict[str, Any], *, seq_len: int | None = None) -> ModelShape:
     """An exact parameter count and the shape from a Hugging Face ``config.json``."""
     kind = config.get("model_type")
     if kind not in SUPPORTED:
-        raise UsageError(f"model_type {kind!r} is not one launch can size from its config",
+        raise UsageError(f"model_type {_show(kind)} is not one launch can size from its config",
                          f"supported: {', '.join(SUPPORTED)}; or give --params")
     if kind in ENCODER_DECODER:
         return _encoder_decoder_shape(config, kind, seq_len=seq_len)
@@ -173,14 +217,14 @@ def shape_from_config(config: dict[str, Any], *, seq_len: int | None = None) -> 
                          "num_attention_heads or vocab_size")
     positions = _get(config, "max_position_embeddings", "n_positions", "n_ctx")
     s = seq_len or positions
-    tied = bool(config.get("tie_word_embeddings", kind in ("gpt2", "bert", "roberta")))
+    tied = _flag(config, "tie_word_embeddings", kind in ("gpt2", "bert", "roberta"))
     if kind in LLAMA_LIKE:
         kv = _get(config, "num_key_value_heads", default=a)
         hd = _get(config, "head_dim", default=h // a)
         i = _get(config, "intermediate_size", "moe_intermediate_size")
         experts = _get(config, "num_local_experts", "num_experts", default=1)
         top_k = _get(config, "num_experts_per_tok", default=1)
-        bias = bool(config.get("attention_bias", kind == "qwen2"))
+        bias = _flag(config, "attention_bias", kind == "qwen2")
         attention = h * a * hd + 2 * h * kv * hd + a * hd * h
         if bias:
             attention += a * hd + 2 * kv * hd
@@ -245,7 +289,7 @@ def _encoder_decoder_shape(config: dict[str, Any], kind: str, *, seq_len: int | 
                          "or vocab_size")
     # Configs say tie_word_embeddings false for untied checkpoints (T5 v1.1, FLAN-T5, mT5): a
     # run that loads one has its own output layer, whatever transformers builds from the config.
-    tied = config.get("tie_word_embeddings", True) is not False
+    tied = _flag(config, "tie_word_embeddings", True)
     embed = v * h
     audio = 0
     encoder_len = None
@@ -292,15 +336,36 @@ def _encoder_decoder_shape(config: dict[str, Any], kind: str, *, seq_len: int | 
 
 
 def load_config(path: Path, *, seq_len: int | None = None) -> ModelShape:
+    """The shape of the model ``--model-config`` describes; a UsageError that names the file
+    (and the field) for a file that is missing, a folder, not JSON, or not a config launch can
+    size."""
+    config = read_config(path)
     try:
+        return shape_from_config(config, seq_len=seq_len)
+    except UsageError as exc:
+        raise UsageError(f"{path}: {exc.message}", exc.hint) from None
+
+
+def read_config(path: Path) -> dict[str, Any]:
+    """``--model-config``'s JSON object (also what estimate/hf_recipe.py writes its recipe
+    from): a UsageError naming the file for anything else."""
+    try:
+        if path.is_dir():
+            inside = path / "config.json"
+            raise UsageError(f"--model-config {path} is a folder",
+                             f"give the file: --model-config {inside}" if inside.is_file()
+                             else "give a Hugging Face config.json file")
         config = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise UsageError(f"model config not found: {path}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise UsageError(f"{path}: not a JSON config ({exc})") from None
+    except OSError as exc:
+        raise UsageError(f"cannot read model config {path}: {exc.strerror or exc}") from None
+    except (ValueError, RecursionError) as exc:  # not JSON, not UTF-8, nested too deeply
+        detail = " ".join(str(exc).split()) or type(exc).__name__
+        raise UsageError(f"{path}: not a JSON config ({detail[:200]})") from None
     if not isinstance(config, dict):
         raise UsageError(f"{path}: not a Hugging Face config (expected a JSON object)")
-    return shape_from_config(config, seq_len=seq_len)
+    return config
 
 
 def shape_from_params(parameters: int, *, layers: int | None = None, hidden: int | None = None,

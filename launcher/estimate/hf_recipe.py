@@ -278,12 +278,14 @@ def write_recipe(config_path: str | os.PathLike[str], seq_len: int,
 
     Files go to ``directory/<hash>/`` (``recipe.py`` and ``recipe.json``), the hash of both
     texts: the same config and length reuse one folder, and an older launch's recipe is never
-    taken for this one's. Raises ``OSError``/``ValueError`` for an unreadable config.
+    taken for this one's. The config is read as the analytic estimate reads it
+    (``analytic.read_config``: a ``UsageError`` naming the file for one that is missing, a folder
+    or not a JSON object); a ``seq_len`` below 1 is a ``ValueError``.
     """
-    config = json.loads(Path(config_path).read_text(encoding="utf-8"))
-    if not isinstance(config, dict):
-        raise ValueError(f"{config_path}: not a Hugging Face config (expected a JSON object)")
-    if int(seq_len) < 1:
+    from launcher.estimate.analytic import read_config
+
+    config = read_config(Path(config_path))
+    if isinstance(seq_len, bool) or int(seq_len) < 1:
         raise ValueError(f"seq_len must be >= 1, got {seq_len}")
     settings: dict[str, Any] = {"config": config, "seq_len": int(seq_len)}
     sidecar = json.dumps(settings, indent=1, sort_keys=True) + "\n"
