@@ -589,6 +589,7 @@ class SageMakerProvider(Provider):
         """The exact CreateTrainingJob call and code package for ``job``. Reads the code folder;
         sends and writes nothing, needs no credentials."""
         from launcher.providers._aws import training_image
+        from launcher.providers.images import check_image
 
         role, bucket = self.check_settings()
         s = self.settings
@@ -599,6 +600,7 @@ class SageMakerProvider(Provider):
         package = build_package(job, bucket, s.prefix, self.environ)
         run_root = "/".join(p for p in (s.prefix, job.run_id) if p)
         image = s.image or training_image(region, plan.strategy)
+        check_image(image, plan.strategy, plan.optimizer, self.name)  # its torch: images.py
 
         environment = {
             **job.rendered.env,

@@ -41,7 +41,8 @@ from typing import Any, ClassVar
 
 from launcher import packaging
 from launcher.packaging import Selection
-from launcher.providers import _gcp
+from launcher.plan.plan import Plan
+from launcher.providers import _gcp, images
 from launcher.providers._gcp import LogCursor
 from launcher.providers.base import Job, JobStatus, Provider
 from launcher.render import PLAN_NAME
@@ -49,6 +50,8 @@ from launcher.status import BadValue, ProviderError, UsageError
 
 #: The prebuilt PyTorch GPU training image (Artifact Registry, per continent); ``image`` replaces
 #: it. See https://cloud.google.com/vertex-ai/docs/training/pre-built-containers
+#: Its torch (2.4) is in launcher/providers/images.py, with the oldest torch each strategy's
+#: script ran under: plans that need a newer torch get the official PyTorch image (image_for).
 DEFAULT_IMAGE = "{geo}-docker.pkg.dev/vertex-ai/training/pytorch-gpu.2-4.py310:latest"
 DEFAULT_PREFIX = "launch"
 #: Vertex AI's own default and maximum run time for a custom job is 7 days.
@@ -242,7 +245,7 @@ class VertexProvider(Provider):
         self.prefix = prefix.strip("/")
         self.service_account = service_account
         self.spot = spot
-        self.image = image or DEFAULT_IMAGE.format(geo=_geo(region))
+        self.image = image  # None: the default for each plan's strategy (image_for)
         self.timeout_s = timeout_s
         self.environ = dict(os.environ if environ is None else environ)
         self.timing = timing or Timing.from_environ(self.environ)
@@ -302,6 +305,16 @@ class VertexProvider(Provider):
 
     # -- the request -------------------------------------------------------------------------
 
+    def image_for(self, plan: Plan) -> str:
+        """``image`` if given, else the prebuilt PyTorch image where its torch (2.4) runs the
+        plan's script, else the official PyTorch image (launcher/providers/images.py)."""
+        if self.image:
+            return self.image
+        chosen = images.default_image(self.name, plan.strategy, plan.optimizer)
+        if chosen is None or chosen.repository.startswith("vertex-ai/"):
+            return DEFAULT_IMAGE.format(geo=_geo(self.region))
+        return f"docker.io/{chosen.repository}:{chosen.tag}"
+
     def dryrun(self, job: Job) -> VertexRequest:
         """The CustomJob and the archives to stage, from local files only: no network, no
         writes."""
@@ -312,6 +325,9 @@ class VertexProvider(Provider):
         if plan.nodes < 1 or plan.gpus_per_node < 1:
             raise UsageError(f"a plan of {plan.nodes} node(s) x {plan.gpus_per_node} GPU(s) "
                              "cannot run")
+        # The image's torch must be one the strategy's script was run under (images.MIN_TORCH).
+        image = self.image_for(plan)
+        images.check_image(image, plan.strategy, plan.optimizer, self.name)
         machine = machine_spec(plan.machine, plan.gpus_per_node)
         run_root = f"{self.prefix}/runs/{job.run_id}" if self.prefix else f"runs/{job.run_id}"
         checkpoints = f"/gcs/{self.bucket}/{run_root}/checkpoints"
@@ -346,7 +362,7 @@ class VertexProvider(Provider):
             "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "[rank${rank}]:",
         }
         container = {
-            "imageUri": self.image,
+            "imageUri": image,
             "command": ["python3", "-c", BOOTSTRAP],
             "args": ["--nproc_per_node", str(plan.gpus_per_node), "--tee", "3", entry],
             "env": [{"name": k, "value": v} for k, v in sorted(env.items())],

@@ -28,6 +28,10 @@ RECIPES = Path(__file__).parent / "recipes"
 PLAN_FIELDS = {f.name for f in dataclasses.fields(Plan)}
 SETTINGS_FIELDS = {f.name for f in dataclasses.fields(TrainSettings)}
 RUN_TIMEOUT_S = 300  # generous: many runs share two cores
+#: Another interpreter (another torch) to run the scripts under; the tests themselves still run
+#: here. E.g. LAUNCH_TEST_PYTHON=/venvs/torch-2.8.0/bin/python pytest tests/trainer_templates:
+#: the images' torch versions are in launcher/providers/images.py.
+TRAIN_PYTHON = os.environ.get("LAUNCH_TEST_PYTHON")
 
 
 def make_plan(**overrides: Any) -> Plan:
@@ -122,10 +126,11 @@ def start(
     job.write(job_dir)
     shutil.copytree(RECIPES, job_dir / "recipe", dirs_exist_ok=True)
 
+    python = TRAIN_PYTHON or sys.executable
     if nproc is None:
-        argv = [sys.executable, job.entrypoint]
+        argv = [python, job.entrypoint]
     else:
-        argv = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+        argv = [python, "-m", "torch.distributed.run", "--standalone",
                 "--nproc_per_node", str(nproc), job.entrypoint]
     process_env = {k: v for k, v in os.environ.items() if not k.startswith("LAUNCH_")}
     process_env.update(job.env, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **(env or {}))

@@ -1,0 +1,166 @@
+"""The training images a request can name, the torch each carries, and the oldest torch each
+rendered training script has run under. One home for both, so a job is never sent to an image
+whose torch its script was not run with.
+
+Why a floor per strategy and not one number: the scripts differ in what they ask of torch.
+
+- ``single`` and ``ddp`` use only APIs that are the same from torch 2.4 to 2.13; their scripts ran
+  (2 CPU processes, checkpoints, a resume) under 2.4.1, 2.5.1, 2.6.0, 2.7.1, 2.8.0 and 2.13.0.
+- ``fsdp`` and ``hybrid_shard`` use FSDP2 (``fully_shard``). Its CPU path did not exist before
+  torch 2.7 (2.4 and 2.5 create CUDA streams unconditionally, 2.6's CPU stream lacks
+  ``record_event``) and before 2.8 gloo refused the all-reduce across replicas that hybrid
+  sharding does (``ReduceOp.AVG``), so those are the oldest torches these scripts were run under.
+- ``smp_v2`` runs only in the SMP v2 image; its torch (2.5.1) is the one its script was run under
+  (with a stand-in for ``torch.sagemaker``, which exists only in that image).
+- optimizer ``adafactor`` is ``torch.optim.Adafactor``, new in torch 2.5.
+
+A newer torch than the floor is accepted: 2.13 is the one the test suite runs under.
+
+No torch here: this runs in the CLI process.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from launcher.status import UsageError
+
+Version = tuple[int, int]
+
+#: The oldest torch (major, minor) each strategy's rendered script ran under; see the docstring.
+MIN_TORCH: dict[str, Version] = {
+    "single": (2, 4),
+    "ddp": (2, 4),
+    "fsdp": (2, 7),
+    "hybrid_shard": (2, 8),
+    "smp_v2": (2, 5),
+}
+#: Optimizers that need a newer torch than the strategy does.
+MIN_TORCH_OPTIMIZER: dict[str, Version] = {"adafactor": (2, 5)}
+
+
+@dataclass(frozen=True)
+class Image:
+    """A training image the launcher picks by default. ``repository`` and ``tag`` are what
+    follows the registry host; ``torch`` is the version inside."""
+
+    provider: str
+    repository: str
+    tag: str
+    torch: str
+    strategies: tuple[str, ...]
+    source: str
+
+    @property
+    def torch_version(self) -> Version:
+        major, minor = self.torch.split(".")[:2]
+        return int(major), int(minor)
+
+
+#: The images the requests name when no image is given. launcher/providers/vertex.py
+#: (DEFAULT_IMAGE) and launcher/providers/_aws.py (training_image) build their URIs.
+IMAGES: tuple[Image, ...] = (
+    Image("vertex", "vertex-ai/training/pytorch-gpu.2-4.py310", "latest", "2.4",
+          ("single", "ddp"),
+          "Vertex AI prebuilt PyTorch GPU training container 2.4 (Python 3.10); the newest "
+          "prebuilt PyTorch training container found"),
+    Image("vertex", "pytorch/pytorch", "2.8.0-cuda12.8-cudnn9-runtime", "2.8.0",
+          ("single", "ddp", "fsdp", "hybrid_shard"),
+          "the official PyTorch image (Docker Hub), for what torch 2.4 cannot run: FSDP2 plans "
+          "and adafactor; torch 2.8.0 like SageMaker's default. It has no google-cloud-storage: "
+          "the bootstrap reads the staged code from Vertex AI's /gcs mount"),
+    Image("sagemaker", "pytorch-training", "2.8.0-gpu-py312", "2.8.0",
+          ("single", "ddp", "fsdp", "hybrid_shard"),
+          "AWS Deep Learning Container, sagemaker.image_uris 'pytorch' training 2.8.0"),
+    Image("sagemaker", "smdistributed-modelparallel", "2.5.1-gpu-py311-cu124", "2.5.1",
+          ("smp_v2",),
+          "SMP v2 image (SMP 2.8.0), sagemaker.image_uris 'pytorch-smp' 2.5.1"),
+)
+
+#: Named in hints when the provider's own default is too old (Vertex AI's prebuilt PyTorch
+#: training images stop at 2.4): the official image, torch 2.8.0 like SageMaker's default.
+OFFICIAL_EXAMPLE = "pytorch/pytorch:2.8.0-cuda12.8-cudnn9-runtime"
+
+# Repositories whose tags start with the torch version ("2.8.0-gpu-py312", "2.5.1-gpu-..."):
+# AWS's PyTorch and SMP containers, the official pytorch/pytorch image, Hugging Face's DLCs.
+_TORCH_TAGGED = re.compile(r"(^|[-_/])pytorch([-_]training|[-_]inference)?$|"
+                           r"^smdistributed-modelparallel$")
+_TAG_VERSION = re.compile(r"^(\d+)\.(\d+)(?:\.\d+)?(?:$|[-+_])")
+# Google's names carry it in the image name: pytorch-gpu.2-4.py310, pytorch-cu124.2-4.py310.
+_GOOGLE_NAME = re.compile(r"^pytorch-[a-z0-9]+\.(\d+)-(\d+)(?:\.py\d+)?$")
+
+
+def _split(image: str) -> tuple[str, str, str]:
+    """(repository path without the registry host, last path component, tag)."""
+    name = image.split("@", 1)[0]  # a digest says nothing about the version
+    last = name.rsplit("/", 1)[-1]
+    tag = ""
+    if ":" in last:
+        name, tag = name.rsplit(":", 1)
+    parts = name.split("/")
+    if len(parts) > 1 and ("." in parts[0] or ":" in parts[0] or parts[0] == "localhost"):
+        parts = parts[1:]  # registry host (us-docker.pkg.dev, 1234.dkr.ecr..., nvcr.io)
+    return "/".join(parts), parts[-1], tag
+
+
+def torch_version(image: str) -> Version | None:
+    """The torch (major, minor) in ``image``: from the table, else from its name or tag; None
+    when neither tells (a custom image, ``latest``, NVIDIA's NGC tags that are release dates)."""
+    repository, last, tag = _split(image)
+    for known in IMAGES:
+        if repository.endswith(known.repository) and tag == known.tag:
+            return known.torch_version
+    match = _GOOGLE_NAME.match(last)
+    if match:
+        return int(match.group(1)), int(match.group(2))
+    if _TORCH_TAGGED.search(repository.lower()) and not repository.startswith("nvidia/"):
+        match = _TAG_VERSION.match(tag)
+        if match and int(match.group(1)) < 10:  # "24.05" is NGC's release, not torch 24.5
+            return int(match.group(1)), int(match.group(2))
+    return None
+
+
+def required_torch(strategy: str, optimizer: str | None = None) -> Version:
+    """The oldest torch the rendered script of ``strategy`` (with ``optimizer``) ran under."""
+    return max(MIN_TORCH.get(strategy, (0, 0)), MIN_TORCH_OPTIMIZER.get(optimizer or "", (0, 0)))
+
+
+def suggestion(provider: str | None, strategy: str, optimizer: str | None = None) -> str:
+    """An image new enough for ``strategy``: ``provider``'s default if it is, else the official
+    PyTorch image with the torch of SageMaker's default (2.8.0, which every script ran under)."""
+    need = required_torch(strategy, optimizer)
+    for image in IMAGES:
+        if (image.provider == provider and strategy in image.strategies
+                and image.torch_version >= need):
+            return f"{image.repository}:{image.tag}"
+    return OFFICIAL_EXAMPLE
+
+
+def default_image(provider: str, strategy: str, optimizer: str | None = None) -> Image | None:
+    """The first of ``provider``'s images (in ``IMAGES`` order: its own platform's first) whose
+    torch runs ``strategy``'s script; None when it has none."""
+    need = required_torch(strategy, optimizer)
+    for image in IMAGES:
+        if (image.provider == provider and strategy in image.strategies
+                and image.torch_version >= need):
+            return image
+    return None
+
+
+def check_image(image: str, strategy: str, optimizer: str | None = None,
+                provider: str | None = None) -> None:
+    """Refuse ``image`` when its torch is known and older than the oldest one ``strategy``'s
+    script (with ``optimizer``) ran under. An image whose torch cannot be told is let through:
+    the user chose it, and the job's own error will say what is missing."""
+    have = torch_version(image)
+    need = required_torch(strategy, optimizer)
+    if have is None or have >= need:
+        return
+    script = f"the {strategy} training script"
+    if MIN_TORCH_OPTIMIZER.get(optimizer or "", (0, 0)) > MIN_TORCH.get(strategy, (0, 0)):
+        script += f" with optimizer {optimizer}"
+    raise UsageError(
+        f"image {image} has torch {have[0]}.{have[1]}, older than {script} supports "
+        f"(torch {need[0]}.{need[1]} or newer, the oldest it was run under)",
+        f"pass --image with a newer torch, e.g. {suggestion(provider, strategy, optimizer)}")
