@@ -61,17 +61,21 @@ def _prctl() -> Callable[..., int] | None:
         return None
 
 
-def die_with_parent(sig: int = signal.SIGKILL) -> Callable[[], None]:
+def die_with_parent(sig: int = signal.SIGKILL, parent: int | None = None) -> Callable[[], None]:
     """A ``preexec_fn`` (or a call right after ``fork``) that makes the child get ``sig`` when
     its parent dies. Resolved here, in the parent, so the child only calls into libc; a parent
     that died before the call is caught by comparing ``getppid`` with the pid it had.
+
+    A child can also arm itself at its start with the ``parent`` pid it was given: that keeps
+    its parent's ``subprocess`` off the ``preexec_fn`` path, whose real ``fork`` runs torch's
+    at-fork handlers in a parent that has an OpenMP pool.
 
     The signal follows the parent *thread*: from any thread but the main one it would come when
     that thread ends, not when the process dies, so there it arms nothing (launch spawns from its
     main thread; tests trace from thread pools).
     """
     prctl = _prctl() if threading.current_thread() is threading.main_thread() else None
-    parent = os.getpid()
+    parent = os.getpid() if parent is None else parent
 
     def arm() -> None:
         if prctl is None:

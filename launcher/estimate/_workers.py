@@ -159,14 +159,12 @@ def _forked(requests: list[dict[str, Any]], serve: Callable[[dict[str, Any]], di
 def _spawned(requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Workers as fresh interpreters (``python -m launcher.estimate._trace_child --worker``), in
     this process's group: the parent's timeout kills them with it."""
-    from launcher.processes import die_with_parent
-
     procs = []
     for request in requests:
-        proc = subprocess.Popen(
+        proc = subprocess.Popen(  # it arms its own parent-death signal (see main)
             [sys.executable, "-m", "launcher.estimate._trace_child", "--worker"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-            preexec_fn=die_with_parent())
+            env={**os.environ, PARENT_VAR: str(os.getpid())})
         assert proc.stdin is not None
         proc.stdin.write(json.dumps(request))
         proc.stdin.close()
@@ -180,10 +178,19 @@ def _spawned(requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return answers
 
 
+#: A spawned worker's parent, so that it dies with it (armed by the worker itself).
+PARENT_VAR = "LAUNCH_TRACE_PARENT"
+
+
 def work(request: dict[str, Any], serve: Callable[[dict[str, Any]], dict[str, Any]],
          ) -> dict[str, Any]:
     """A worker's whole life: its share of threads, the request, an answer whatever happens."""
     import torch
+
+    if os.environ.get(PARENT_VAR, "").isdigit():  # spawned, not forked: arm it here
+        from launcher.processes import die_with_parent
+
+        die_with_parent(parent=int(os.environ[PARENT_VAR]))()
 
     torch.set_num_threads(int(request.get("threads", 1)))
     try:
