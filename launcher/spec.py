@@ -87,6 +87,9 @@ class Spec:
     gpus_per_node: int | None = None
     micro_batch_size: int | None = None
     global_batch_size: int = DEFAULTS["global_batch_size"]
+    #: False when nobody gave the global batch (flag, config, LAUNCH): the planner then derives
+    #: one each layout can split (``planner.global_batch``) instead of refusing the layout.
+    global_batch_given: bool = True
     precision: str | None = None
     optimizer: str | None = None
     activation_checkpointing: bool | None = None
@@ -330,6 +333,7 @@ def build_spec(options: dict[str, Any], info: ScriptInfo,
             labels[key] = (origins or {}).get(key) or _flag(key)
     values["script"] = info.path
     values["mode"] = info.mode
+    values["global_batch_given"] = "global_batch_size" in labels
     spec = Spec(**values)
     _validate(spec, labels)
     return spec

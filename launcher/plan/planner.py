@@ -18,6 +18,7 @@ micro-batch) scaled by the strategy, plus the GPU-side overheads.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
@@ -101,15 +102,39 @@ def batch_split(global_batch: int, world: int, micro: int | None) -> tuple[int, 
             raise UsageError(
                 f"global batch {global_batch} cannot be split evenly over {world} processes",
                 f"use --global-batch-size {options}")
-        divisors = [d for d in range(1, global_batch + 1) if global_batch % (d * world) == 0]
+        hint = f"use --global-batch-size {options}"
+        if global_batch % world == 0:
+            micros = divisors(global_batch // world)
+            hint += f", or a micro-batch that divides it ({', '.join(map(str, micros[:8]))})"
         raise UsageError(
             f"global batch {global_batch} is not a multiple of micro-batch {micro} x "
-            f"{world} process{'es' if world > 1 else ''} (= {step})",
-            f"use --global-batch-size {options}, or a micro-batch that divides it "
-            f"({', '.join(map(str, divisors[:8]))})")
+            f"{world} process{'es' if world > 1 else ''} (= {step})", hint)
     if micro is None:
         return global_batch // world, 1
     return micro, global_batch // step
+
+
+def divisors(n: int) -> list[int]:
+    """The divisors of ``n``, smallest first (up to its square root, not up to ``n``)."""
+    small, large = [], []
+    d = 1
+    while d * d <= n:
+        if n % d == 0:
+            small.append(d)
+            if d * d != n:
+                large.append(n // d)
+        d += 1
+    return small + large[::-1]
+
+
+def global_batch(spec: Spec, world: int) -> int:
+    """The global batch of a layout: the one given, or, when nobody gave one, the default
+    rounded up to the nearest multiple of micro-batch x processes (16 on 16 GPUs, not an
+    error)."""
+    if spec.global_batch_given:
+        return spec.global_batch_size
+    step = (spec.micro_batch_size or 1) * world
+    return max(step, -(-spec.global_batch_size // step) * step)
 
 
 def shard_degree(strategy: str, nodes: int, gpus: int) -> int:
@@ -339,12 +364,17 @@ def _micro_options(spec: Spec, world: int, shrink: bool, level: int) -> list[int
     if not shrink:
         return [per_rank]
     top = per_rank - 1 if level == 1 else per_rank
-    return [m for m in range(top, 0, -1) if per_rank % m == 0]
+    return [m for m in reversed(divisors(per_rank)) if m <= top]
 
 
 def plan_on(spec: Spec, estimator: Estimator, target: Target, provider: str,
-            can_checkpoint: bool) -> tuple[Plan | None, list[Plan], list[Plan]]:
-    """(first fitting plan or None, every plan evaluated, the rungs' best tries that failed)."""
+            can_checkpoint: bool, unsplit: list[Rejection] | None = None,
+            ) -> tuple[Plan | None, list[Plan], list[Plan]]:
+    """(first fitting plan or None, every plan evaluated, the rungs' best tries that failed).
+
+    A layout whose processes cannot split the global batch the user gave is not an error but
+    a rejected option, added to ``unsplit`` (``plan`` decides whether that left anything)."""
+    given = spec
     gpus = spec.gpus_per_node or target.gpus
     if gpus > target.gpus:
         raise UsageError(f"--gpus-per-node {gpus}, but {target.name} has {target.gpus} GPUs")
@@ -352,14 +382,18 @@ def plan_on(spec: Spec, estimator: Estimator, target: Target, provider: str,
     optimizer = spec.optimizer or "adamw"
     evaluated: list[Plan] = []
     failed: list[Plan] = []
-    for rung in ladder(spec, target, provider, can_checkpoint):
+    for rung in ladder(given, target, provider, can_checkpoint):
         world = rung.nodes * gpus
+        spec = dataclasses.replace(given, global_batch_size=global_batch(given, world))
         try:
             batch_split(spec.global_batch_size, world, spec.micro_batch_size)
-        except UsageError:
-            if rung.nodes == (spec.nodes or 1):
-                raise  # the layout the user asked for cannot make their batch
-            continue  # more nodes than the global batch can feed: not an option
+        except UsageError as exc:
+            if unsplit is not None and not any(r.option.endswith(f" {target.name}")
+                                               for r in unsplit):  # one line a machine
+                unsplit.append(Rejection(
+                    option=f"{rung.label} on {rung.nodes} x {target.name}",
+                    reason=f"{exc.message} ({exc.hint})"))
+            continue
         fp = estimator(precision, optimizer, rung.checkpointing)
         tried: Plan | None = None
         for micro in _micro_options(spec, world, rung.smaller_micro, rung.level):
@@ -392,13 +426,19 @@ def plan(spec: Spec, estimator: Estimator, targets: list[Target], provider: str,
     all_plans: list[Plan] = []
     failed_on_chosen: list[Plan] = []
     options: list[tuple[Plan, list[Plan]]] = []
+    unsplit: list[Rejection] = []
     for target in targets:
-        best, evaluated, failed = plan_on(spec, estimator, target, provider, can_checkpoint)
+        best, evaluated, failed = plan_on(spec, estimator, target, provider, can_checkpoint,
+                                          unsplit)
         all_plans.extend(evaluated)
         if best is not None:
             options.append((best, failed))
         elif len(targets) == 1:
             failed_on_chosen = failed
+    if not all_plans and unsplit:
+        # Not one layout can split the batch: the pins the user wrote contradict each other.
+        message, _, hint = unsplit[0].reason.partition(" (")
+        raise UsageError(message, hint.removesuffix(")"))
     notes: list[str] = []
     rejected: list[Rejection] = []
     status = ExitStatus.SUCCESS
@@ -425,7 +465,7 @@ def plan(spec: Spec, estimator: Estimator, targets: list[Target], provider: str,
             chosen, failed_on_chosen = min(within, key=rank)
     else:
         status = ExitStatus.NO_PLAN_FITS
-    rejected = [*reasons.for_failed(failed_on_chosen, parameters), *rejected]
+    rejected = [*reasons.for_failed(failed_on_chosen, parameters), *rejected, *unsplit]
     if chosen is not None:
         rejected += reasons.alternatives(chosen, failed_on_chosen, provider)
         if chosen.fits is None:
