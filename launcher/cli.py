@@ -7,6 +7,7 @@ drive the real CLI without a subprocess.
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 import traceback
@@ -106,8 +107,11 @@ PLAN_OPTIONS: list[Callable[..., Any]] = [
 ]
 
 
-def plan_options(fn: Callable[..., Any]) -> Callable[..., Any]:
-    for option in reversed(PLAN_OPTIONS):
+def plan_options(fn: Callable[..., Any], script_required: bool = True) -> Callable[..., Any]:
+    options = PLAN_OPTIONS if script_required else [
+        click.argument("script", type=click.Path(path_type=Path), required=False),
+        *PLAN_OPTIONS[1:]]
+    for option in reversed(options):
         fn = option(fn)
     return common(fn)
 
@@ -211,6 +215,12 @@ def _plan(env: Environment, options: dict[str, Any], *, dry_run: bool = False
     origins = _origins(ctx)
     check_options({"provider": options.get("provider")}, origins)  # named where it came from
     script = options["script"]
+    if script is None:  # `launch plan --params 7B`: sizing a model before its script exists
+        if options.get("params") is None and options.get("model_config") is None:
+            raise UsageError("give the training SCRIPT, or describe the model to size it",
+                             "launch plan train.py, or launch plan --params 7B "
+                             "(or --model-config config.json)")
+        script = NO_SCRIPT
     options["script"] = script if script.is_absolute() else env.cwd / script
     for key in ("model_config",):
         if options.get(key) is not None and not options[key].is_absolute():
@@ -232,13 +242,23 @@ def _plan(env: Environment, options: dict[str, Any], *, dry_run: bool = False
     probe = None
     if tracing:
         from launcher.estimate.traced import probe
-    info = inspect_script(options["script"], python=env.python, env=env.environ,
-                          local=name == "local", count_flops=not tracing, probe=probe)
+    if options["script"].name == NO_SCRIPT.name:
+        from launcher.recipe import describe_only
+
+        info = describe_only(options["script"], python=env.python, env=env.environ,
+                             local=name == "local")
+    else:
+        info = inspect_script(options["script"], python=env.python, env=env.environ,
+                              local=name == "local", count_flops=not tracing, probe=probe)
     spec = build_spec(options, info, origins)
     result = preflight(spec, info, env.state_dir, env.environ)
     if provider_error:
         result.notes.append(f"no {name} request: {provider_error}")
     return spec, info, result, provider
+
+
+#: The script of a plan that has none (``launch plan --params 7B``): never a file.
+NO_SCRIPT = Path("(no script)")
 
 
 def _prestart_trace(env: Environment, options: dict[str, Any]) -> bool:
@@ -263,7 +283,7 @@ def _prestart_trace(env: Environment, options: dict[str, Any]) -> bool:
 
 
 @cli.command("plan")
-@plan_options
+@functools.partial(plan_options, script_required=False)
 @click.option("--report", "report_path", type=click.Path(path_type=Path),
               help="Also write the plan as an HTML page (a CI artifact).")
 def plan_command(as_json: bool, debug: bool, report_path: Path | None, **options: Any) -> None:
@@ -298,7 +318,13 @@ def _dry_request(env: Environment, spec: Any, result: Any, provider: Any) -> Any
     """
     from launcher.supervisor import build_job
 
-    if provider is None or spec.provider == "local" or result.chosen is None:
+    if spec.provider == "local" or result.chosen is None:
+        return None
+    if spec.script.name == NO_SCRIPT.name:
+        result.notes.append(f"no {spec.provider} request: no script to render (give the "
+                            "SCRIPT to see the exact request)")
+        return None
+    if provider is None:
         return None
     run_path = env.state_dir / "runs" / "dry-run"
     try:

@@ -133,6 +133,17 @@ def inspect_script(
     )
 
 
+def describe_only(path: Path, *, python: str = sys.executable, env: dict[str, str] | None = None,
+                  local: bool = True) -> ScriptInfo:
+    """No script at all (``launch plan --params 7B``): the model is what the flags describe;
+    for the local provider the child still reports this machine's GPUs (from the current
+    folder: ``path`` does not exist)."""
+    if not local:
+        return ScriptInfo(path=path, mode="script")
+    answer = _run_child([], python=python, timeout_s=None, env=env, path=path)
+    return ScriptInfo(path=path, mode="script", hardware=Hardware(**answer.get("hardware", {})))
+
+
 def _run_child(args: list[str], *, python: str, timeout_s: float | None,
                env: dict[str, str] | None, path: Path) -> dict[str, Any]:
     timeout = timeout_s or float((env or os.environ).get("LAUNCH_PROBE_TIMEOUT", DEFAULT_TIMEOUT_S))

@@ -276,3 +276,22 @@ def test_a_hostile_aws_region_is_refused_in_one_line(cli, tiny_recipe, monkeypat
     result = cli("plan", str(tiny_recipe), "--provider", "sagemaker", *args, "--json",
                  environ=environ)
     _one_usage_line(result, bad, "aws")
+
+
+def test_plan_sizes_a_described_model_without_a_script(cli, tmp_path):
+    result = cli("plan", "--params", "7B", "--provider", "vertex", "--region", "us-central1",
+                 "--json")
+    assert result.status == 0, result.stderr
+    data = result.json()
+    assert data["chosen"] is not None and data["request"] is None
+    assert any("no script to render" in note for note in data["notes"])
+    config = tmp_path / "config.json"
+    config.write_text('{"model_type": "llama", "hidden_size": 512, "intermediate_size": 1376, '
+                      '"num_hidden_layers": 4, "num_attention_heads": 8, "vocab_size": 32000}')
+    described = cli("plan", "--model-config", str(config), "--provider", "sagemaker", "--json")
+    assert described.status == 0, described.stderr
+    assert described.json()["model"]["parameters"] > 0
+    nothing = cli("plan")
+    assert nothing.status == ExitStatus.USAGE
+    assert nothing.stderr.count("\n") == 1 and "--params" in nothing.stderr
+    assert cli("run", "--params", "7B").status == ExitStatus.USAGE  # a run needs its script
