@@ -200,7 +200,19 @@ def _env() -> Environment:
 # -- plan and run ------------------------------------------------------------------------------
 
 
-def _plan(env: Environment, options: dict[str, Any], *, dry_run: bool = False
+def _progress(env: Environment, quiet: bool, what: str) -> Any:
+    """A spinner on stderr while a multi-second step runs, for a person at a terminal only
+    (not with --json, not into a pipe or a CI log)."""
+    import contextlib
+
+    if quiet or not getattr(env.stderr, "isatty", lambda: False)():
+        return contextlib.nullcontext()
+    from launcher.report import console
+
+    return console(env.stderr).status(f"{what} ...", spinner="dots")
+
+
+def _plan(env: Environment, options: dict[str, Any], *, dry_run: bool = False, quiet: bool = False
           ) -> tuple[Any, Any, Any, Any]:
     """Script -> spec -> plan. A dry run may plan for a cloud whose adapter is not built yet."""
     from launcher.preflight import preflight
@@ -251,7 +263,8 @@ def _plan(env: Environment, options: dict[str, Any], *, dry_run: bool = False
         info = inspect_script(options["script"], python=env.python, env=env.environ,
                               local=name == "local", count_flops=not tracing, probe=probe)
     spec = build_spec(options, info, origins)
-    result = preflight(spec, info, env.state_dir, env.environ)
+    with _progress(env, quiet, "estimating memory and planning"):
+        result = preflight(spec, info, env.state_dir, env.environ)
     if provider_error:
         result.notes.append(f"no {name} request: {provider_error}")
     return spec, info, result, provider
@@ -284,12 +297,15 @@ def _prestart_trace(env: Environment, options: dict[str, Any]) -> bool:
 
 @cli.command("plan")
 @functools.partial(plan_options, script_required=False)
+@click.option("--all", "show_all", is_flag=True,
+              help="Show every candidate, not the best one per strategy and machine family.")
 @click.option("--report", "report_path", type=click.Path(path_type=Path),
               help="Also write the plan as an HTML page (a CI artifact).")
-def plan_command(as_json: bool, debug: bool, report_path: Path | None, **options: Any) -> None:
+def plan_command(as_json: bool, debug: bool, report_path: Path | None, show_all: bool,
+                 **options: Any) -> None:
     """Dry run: estimate, choose a plan, show it. Starts nothing, spends nothing."""
     env = _env()
-    spec, _info, result, _provider = _plan(env, options, dry_run=True)
+    spec, _info, result, _provider = _plan(env, options, dry_run=True, quiet=as_json)
     if report_path is not None:
         from launcher.report import plan_html
         from launcher.runs import atomic_write
@@ -305,7 +321,7 @@ def plan_command(as_json: bool, debug: bool, report_path: Path | None, **options
     else:
         from launcher.report import console, print_plan
 
-        print_plan(console(env.stdout), result)
+        print_plan(console(env.stdout), result, show_all)
     if result.status != ExitStatus.SUCCESS:
         raise SystemExit(result.status)
 
@@ -348,7 +364,7 @@ def run_command(as_json: bool, debug: bool, cancel_on_interrupt: bool, **options
     from launcher.supervisor import Supervisor
 
     env = _env()
-    spec, _info, result, provider = _plan(env, options)
+    spec, _info, result, provider = _plan(env, options, quiet=as_json)
     out = console(env.stdout if not as_json else env.stderr)
     if not as_json:
         print_plan(out, result)

@@ -9,13 +9,16 @@ from launcher.plan.planner import PlanResult
 from launcher.units import format_bytes, format_count
 
 _COLORS = ("blue", "magenta", "yellow", "green", "cyan", "white")
+#: The plan table fits in this many columns (issue 14: it wrapped at 80 and at 140).
+TABLE_WIDTH = 100
+_PRECISION = {"fp32": "fp32", "bf16_mixed": "bf16m", "bf16": "bf16"}
 
 
 def console(stream: TextIO, *, color: bool | None = None) -> Any:
     from rich.console import Console
 
-    # A terminal's own width; a pipe or file (CI logs) gets a fixed, wide one.
-    width = None if getattr(stream, "isatty", lambda: False)() else 140
+    # A terminal's own width; a pipe or file (CI logs) gets 100 columns, which the table fits.
+    width = None if getattr(stream, "isatty", lambda: False)() else TABLE_WIDTH
     return Console(file=stream, highlight=False, soft_wrap=True,
                    force_terminal=color, no_color=color is False, width=width)
 
@@ -62,35 +65,125 @@ def memory_bar(plan: Plan, width: int = 50) -> str:
     return f"{bar} {format_bytes(used)} of {format_bytes(mem.capacity)} per GPU\n{legend}{tail}"
 
 
-def print_plan(out: Any, result: PlanResult) -> None:
+def family(machine: str) -> str:
+    """What a machine offers, for grouping candidates: its GPU type from the catalogs (an
+    ``a2-highgpu-8g`` and an ``a2-megagpu-16g`` are both A100 40GB), else its name's family
+    (``ml.p4de`` of ``ml.p4de.24xlarge``)."""
+    kind = _gpu_kinds().get(machine)
+    if kind:
+        return kind
+    if "+" in machine:  # Vertex's MACHINE+GPUxCOUNT
+        return machine.split("+", 1)[1].rsplit("x", 1)[0].upper()
+    if machine.startswith("ml."):
+        return machine.rsplit(".", 1)[0]
+    return machine.rsplit("-", 1)[0] if "-" in machine else machine
+
+
+def _gpu_kinds() -> dict[str, str]:
+    from launcher.plan.catalog import load_catalog
+
+    if not _GPU_KINDS:
+        for provider in ("vertex", "sagemaker"):
+            try:
+                _GPU_KINDS.update({m.name: m.gpu for m in load_catalog(provider).machines})
+            except Exception:  # noqa: BLE001 - grouping falls back on names
+                pass
+    return _GPU_KINDS
+
+
+_GPU_KINDS: dict[str, str] = {}
+
+
+def shown_plans(result: PlanResult, show_all: bool = False) -> list[Plan]:
+    """The rows worth reading: the chosen plan; per strategy and GPU type, the best candidate
+    that fits (then the cheapest, then the smallest per-GPU memory); and for a strategy with
+    none that fits, its closest try. Every candidate with ``show_all``. In the planner's
+    order."""
+    if show_all:
+        return list(result.plans)
+
+    def rank(plan: Plan) -> tuple[int, float, float]:
+        return ({True: 0, None: 1, False: 2}[plan.fits],
+                plan.total_cost_usd if plan.total_cost_usd is not None else float("inf"),
+                float(plan.memory.total or plan.memory.model_states or 0))
+
+    best: dict[tuple[str, str], Plan] = {}
+    closest: dict[str, Plan] = {}
+    for plan in result.plans:
+        if plan.fits is not False:
+            key = (plan.strategy, family(plan.machine))
+            if key not in best or rank(plan) < rank(best[key]):
+                best[key] = plan
+        elif plan.strategy not in closest or (plan.memory.total or 0) < (
+                closest[plan.strategy].memory.total or 0):
+            closest[plan.strategy] = plan
+    fitting = {p.strategy for p in best.values()}
+    keep = {id(p) for p in best.values()} | {
+        id(p) for s, p in closest.items() if s not in fitting}
+    if result.chosen is not None:
+        keep.add(id(result.chosen))
+    return [p for p in result.plans if id(p) in keep]
+
+
+def format_seconds(value: float | None) -> str:
+    """Three significant digits at any scale: ``0.00s`` said nothing about a 40 us step."""
+    if value is None:
+        return "-"
+    if value >= 1 or value == 0:
+        return f"{value:.3g}s" if value < 100 else f"{value:,.0f}s"
+    if value >= 1e-3:
+        return f"{value * 1e3:.3g}ms"
+    return f"{value * 1e6:.3g}us"
+
+
+def format_usd(value: float | None) -> str:
+    if value is None:
+        return "-"
+    if value == 0 or value >= 1:
+        return f"{value:,.2f}"
+    return f"{value:.2g}"
+
+
+def print_plan(out: Any, result: PlanResult, show_all: bool = False) -> None:
+    from rich import box
     from rich.table import Table
 
     out.print(f"model: {format_count(result.parameters)} parameters ({result.source})")
-    table = Table(show_edge=False, pad_edge=False)
-    for name in ("", "strategy", "machine", "procs", "micro x accum", "precision", "optimizer",
-                 "ckpt", "model states", "per GPU", "fits", "$/h", "step", "total $"):
-        table.add_column(name, no_wrap=name in ("machine", "strategy"))
-    for plan in result.plans:
+    rows = shown_plans(result, show_all)
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1),
+                  collapse_padding=True)
+    for name in ("", "strategy", "machine", "procs", "batch", "prec", "ckpt", "per GPU",
+                 "fits", "step", "total $"):
+        table.add_column(name, no_wrap=True,
+                         justify="right" if name in ("per GPU", "step", "total $") else "left")
+    for plan in rows:
         mark = "→" if plan is result.chosen else ""
-        states = plan.memory.model_states
+        per_gpu = (format_bytes(plan.memory.total) if plan.memory.total is not None
+                   else f">{format_bytes(plan.memory.model_states)}"
+                   if plan.memory.model_states is not None else "?")
         table.add_row(
             mark, plan.strategy, plan.machine, f"{plan.nodes}x{plan.gpus_per_node}",
-            f"{plan.micro_batch_size} x {plan.grad_accum_steps}", plan.precision, plan.optimizer,
-            "yes" if plan.activation_checkpointing else "no", format_bytes(states),
-            format_bytes(plan.memory.total), {True: "yes", False: "NO", None: "?"}[plan.fits],
-            "-" if plan.cost_per_hour_usd is None else f"{plan.cost_per_hour_usd:.2f}",
-            "-" if plan.step_time_s is None else f"{plan.step_time_s:.2f}s",
-            "-" if plan.total_cost_usd is None else f"{plan.total_cost_usd:,.2f}",
+            f"{plan.micro_batch_size}x{plan.grad_accum_steps}",
+            _PRECISION.get(plan.precision, plan.precision),
+            "yes" if plan.activation_checkpointing else "no", per_gpu,
+            {True: "yes", False: "NO", None: "?"}[plan.fits],
+            format_seconds(plan.step_time_s), format_usd(plan.total_cost_usd),
         )
     out.print(table)
+    hidden = len(result.plans) - len(rows)
+    if hidden:
+        out.print(f"[dim]{hidden} more candidate(s): --all shows every one; batch is micro-batch "
+                  "x accumulation[/]", soft_wrap=False)
     if result.chosen is not None:
-        out.print(f"chosen: {result.chosen.strategy} on {result.chosen.machine} "
-                  f"(global batch {result.chosen.global_batch_size})")
-        out.print(memory_bar(result.chosen))
-    for rejection in result.rejected:
-        out.print(f"[red]rejected[/] {rejection.option}: {rejection.reason}")
+        c = result.chosen
+        price = "" if c.cost_per_hour_usd is None else f", ${format_usd(c.cost_per_hour_usd)}/h"
+        out.print(f"chosen: {c.strategy} on {c.nodes} x {c.machine}{price}, {c.optimizer} "
+                  f"(global batch {c.global_batch_size})")
+        out.print(memory_bar(result.chosen), soft_wrap=False)
+    for rejection in result.rejected:  # wrapped by words at the console's width
+        out.print(f"[red]rejected[/] {rejection.option}: {rejection.reason}", soft_wrap=False)
     for note in result.notes:
-        out.print(f"[dim]note: {note}[/]")
+        out.print(f"[dim]note: {note}[/]", soft_wrap=False)
 
 
 def print_summary(out: Any, run_id: str, status_name: str, summary: dict[str, Any],

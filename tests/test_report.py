@@ -1,0 +1,64 @@
+"""The plan as people read it: a table that fits 100 columns, the rows worth reading, small
+times and costs that still say something, and progress only for a person at a terminal."""
+
+from __future__ import annotations
+
+import io
+import os
+import sys
+
+from launcher.cli import main
+from launcher.context import Environment
+from launcher.report import format_seconds, format_usd
+
+DESCRIBED = ["--params", "7e9", "--layers", "32", "--hidden-size", "4096", "--heads", "32",
+             "--vocab-size", "32000", "--seq-len", "2048", "--global-batch-size", "64"]
+
+
+def test_small_times_and_costs_keep_three_digits():
+    assert format_seconds(0.0000412) == "41.2us"
+    assert format_seconds(0.0123) == "12.3ms"
+    assert format_seconds(2.5) == "2.5s" and format_seconds(1864.2) == "1,864s"
+    assert format_usd(0.000123) == "0.00012" and format_usd(12.345) == "12.35"
+    assert format_seconds(None) == format_usd(None) == "-"
+
+
+def test_every_provider_s_plan_fits_in_100_columns_with_the_best_rows(cli, tiny_recipe, tmp_path):
+    script = tmp_path / "plain.py"
+    script.write_text("print('plain')\n")
+    for provider in ("vertex", "sagemaker", "local"):
+        result = cli("plan", str(script), "--provider", provider, *DESCRIBED)
+        lines = result.stdout.splitlines()
+        assert max(len(line) for line in lines) <= 100, (provider, result.stdout)
+        rows = [line for line in lines if line.startswith(("   ", "→  "))]
+        assert any(line.startswith("→") for line in rows) == ("chosen:" in result.stdout)
+        full = cli("plan", str(script), "--provider", provider, "--all", *DESCRIBED)
+        all_rows = [line for line in full.stdout.splitlines() if line.startswith(("   ", "→  "))]
+        assert len(rows) <= len(all_rows)
+        if provider != "local":
+            assert len(rows) < 20 < len(all_rows)  # the best per strategy and GPU, not all
+            assert "more candidate(s): --all shows every one" in result.stdout
+    demo = cli("plan", str(tiny_recipe))
+    assert max(len(line) for line in demo.stdout.splitlines()) <= 100
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_is_shown_on_a_terminal_only(tmp_path):
+    script = tmp_path / "plain.py"
+    script.write_text("print('plain')\n")
+
+    def run(stderr: io.StringIO, *extra: str) -> str:
+        env = Environment(stdout=io.StringIO(), stderr=stderr, cwd=tmp_path,
+                          environ={**os.environ, "LAUNCH_STATE_DIR": str(tmp_path / "s")},
+                          python=sys.executable)
+        assert main(["plan", str(script), "--provider", "sagemaker", *DESCRIBED, *extra],
+                     env) == 0
+        return stderr.getvalue()
+
+    assert "estimating memory" in run(_Terminal())
+    assert run(_Terminal(), "--json") == ""
+    assert run(io.StringIO()) == ""
