@@ -385,12 +385,15 @@ def run_command(as_json: bool, debug: bool, cancel_on_interrupt: bool, **options
     echo = _echo(out, as_json)
     note = (lambda text: None) if as_json else (lambda text: out.print(f"[bold]launch:[/] {text}"))
     note(f"run {run.id} (state in {run.path})")
-    from launcher.replan import replan
+    from launcher.replan import replan, retrace
 
     can_checkpoint = "wrap_modules" in _info.hooks
+    # A recipe can be re-traced at the shapes a job died at (data that grew partway through).
+    measure = retrace(str(spec.script)) if spec.mode == "recipe" and env.environ.get(
+        "LAUNCH_NO_TRACE") != "1" else None
 
     def fix(plan: Any, failure: dict[str, Any]) -> Any:
-        return replan(plan, failure, can_checkpoint=can_checkpoint)
+        return replan(plan, failure, can_checkpoint=can_checkpoint, measure=measure)
 
     supervisor = Supervisor(provider, run, on_line=echo, on_note=note, replan=fix)
     try:

@@ -11,10 +11,15 @@ not one block) first gets PyTorch's expandable segments on the same plan.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from launcher.estimate.overheads import SAFETY_MARGIN
 from launcher.plan.plan import Plan
+
+#: (plan, batch shapes or None for the recipe's own example batch, micro-batch sizes) -> the
+#: traced peak allocated bytes of one step at each size; None when it cannot be traced.
+Measure = Callable[[Plan, Any, list[int]], "dict[int, int] | None"]
 
 ACTIVATION_PHASES = ("forward", "backward", "data", "eval")
 
@@ -52,15 +57,58 @@ def _calibrated_micro_batch(plan: Plan, failure: dict[str, Any]) -> int | None:
     return None
 
 
+def _retraced_micro_batch(plan: Plan, failure: dict[str, Any], measure: Measure
+                          ) -> int | None:
+    """The largest micro-batch whose step, traced at the batch shapes the job failed at, needs
+    no more than the step that ran before the data grew: the plan's micro-batch at the recipe's
+    example shapes, traced the same way. What ran proved that much fits (on a GPU and under a
+    CPU's address-space cap alike), so one resubmission is enough."""
+    shapes = failure.get("batch_shapes")
+    options = _divisors_below(plan, plan.micro_batch_size - 1)
+    if not shapes or not options:
+        return None
+    proven = measure(plan, None, [plan.micro_batch_size])
+    peaks = measure(plan, shapes, options)
+    if not proven or not peaks or proven.get(plan.micro_batch_size) is None:
+        return None
+    bound = proven[plan.micro_batch_size]
+    for micro in options:  # largest first
+        if peaks.get(micro) is not None and peaks[micro] <= bound:
+            return micro
+    return None
+
+
+def retrace(recipe_file: str, timeout_s: float = 120.0) -> Measure:
+    """A ``Measure`` that traces ``recipe_file`` (seconds, on fake tensors)."""
+
+    def measure(plan: Plan, shapes: Any, sizes: list[int]) -> dict[int, int] | None:
+        from launcher.estimate.traced import TraceError, trace_recipe
+
+        try:
+            result = trace_recipe(
+                recipe_file, micro_batch_sizes=sorted({1, *sizes}), precision=plan.precision,
+                optimizer=plan.optimizer, activation_checkpointing=plan.activation_checkpointing,
+                device="cpu" if plan.machine.startswith("local-cpu") else "cuda",
+                timeout_s=timeout_s, batch_shapes=shapes)
+        except (TraceError, ValueError):
+            return None
+        return {b: result.memory_at(b, 1).peak_allocated for b in sizes}
+
+    return measure
+
+
 def _smaller_micro_batch(plan: Plan) -> int | None:
     """The largest micro-batch <= half the current one that still divides the per-rank batch."""
     options = _divisors_below(plan, plan.micro_batch_size // 2)
     return options[0] if options else None
 
 
-def replan(plan: Plan, failure: dict[str, Any], *, can_checkpoint: bool = True
-           ) -> tuple[Plan, str] | None:
-    """(fixed plan, what changed and why), or None when no change of this kind can help."""
+def replan(plan: Plan, failure: dict[str, Any], *, can_checkpoint: bool = True,
+           measure: Measure | None = None) -> tuple[Plan, str] | None:
+    """(fixed plan, what changed and why), or None when no change of this kind can help.
+
+    ``measure`` re-traces the step: with it, a failure that reports the batch shapes it died at
+    is sized at those shapes (data that grew mid-run) instead of halving and trying again."""
     phase = failure.get("phase")
     cause = failure.get("cause")
     if cause == "fragmentation" and not plan.expandable_segments:
@@ -76,8 +124,13 @@ def replan(plan: Plan, failure: dict[str, Any], *, can_checkpoint: bool = True
                                              and phase in ACTIVATION_PHASES)
     if not activations:
         return None
-    micro = _calibrated_micro_batch(plan, failure)
-    how = "by the allocator's figures in the failure"
+    micro, how = None, ""
+    if measure is not None and failure.get("batch_shapes"):
+        micro = _retraced_micro_batch(plan, failure, measure)
+        how = "re-traced at the batch shapes it failed at"
+    if micro is None:
+        micro = _calibrated_micro_batch(plan, failure)
+        how = "by the allocator's figures in the failure"
     if micro is None:
         micro, how = _smaller_micro_batch(plan), "halved (the failure gave no figures)"
     if micro is not None:

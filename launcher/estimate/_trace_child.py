@@ -85,6 +85,28 @@ def load_recipe(recipe_file: str) -> ModuleType:
     return recipe
 
 
+def shaped_batches(shapes: Any) -> Callable[[int], Any]:
+    """An ``example_batch`` that makes batches of the structure, shapes and dtypes an
+    out-of-memory report recorded (the templates' ``batch_shapes``), with the micro-batch as the
+    leading dimension of every tensor: the step re-traced at the data that failed, not at the
+    example the plan was sized on. Integer tensors are zeros (valid token ids and labels)."""
+
+    def make(node: Any, batch_size: int) -> Any:
+        if "shape" in node:
+            shape = [batch_size, *node["shape"][1:]] if node["shape"] else []
+            dtype = getattr(torch, str(node.get("dtype", "float32")), torch.float32)
+            if dtype.is_floating_point or dtype.is_complex:
+                return torch.randn(shape, dtype=dtype)
+            return torch.zeros(shape, dtype=dtype)
+        if "dict" in node:
+            return {key: make(value, batch_size) for key, value in node["dict"].items()}
+        if "list" in node:
+            return [make(value, batch_size) for value in node["list"]]
+        return node.get("value")
+
+    return lambda batch_size: make(shapes, batch_size)
+
+
 #: A stack needs at least this many identical blocks before tracing a few of them pays off.
 MIN_SCALED_BLOCKS = 8
 #: The depths traced when scaling a stack of identical blocks: two, so that every point is
@@ -1265,6 +1287,8 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
         # the script seeds every rank before it imports the recipe (random numbers at import)
         _script.load(_strategy_name(request))[0].seed_all(request.get("seed", 0))
         recipe = load_recipe(recipe_file)
+        if request.get("batch_shapes"):  # the shapes a job ran out of memory at
+            recipe.example_batch = shaped_batches(request["batch_shapes"])
         _fake_grouped_mm()
     except RecipeError as exc:
         return {"ok": False, "error": _describe(exc, recipe_file)}

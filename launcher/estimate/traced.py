@@ -364,8 +364,12 @@ def trace_recipe(
     count_flops: bool = False,
     jobs: int = 2,
     python: str | None = None,
+    batch_shapes: Any = None,
 ) -> TraceResult:
     """Trace ``recipe_file``'s optimizer step at each of ``micro_batch_sizes`` in a child process.
+
+    ``batch_shapes``: trace at these batch shapes (an out-of-memory report's, the templates'
+    ``batch_shapes``) instead of the recipe's ``example_batch``.
 
     The optimizer is the script's choice: the recipe's ``build_optimizer`` if it has one, else
     ``optimizer`` (adamw | sgd | adafactor | adam8bit; None is adamw). ``grad_accum_steps`` >= 2
@@ -394,6 +398,8 @@ def trace_recipe(
         data_dependent=data_dependent, real_run_limit_bytes=real_run_limit_bytes,
         foreach=foreach, scale_depth=scale_depth, strategy=strategy, count_flops=count_flops,
     )
+    if batch_shapes is not None:
+        request["batch_shapes"] = batch_shapes
     python = python or sys.executable
     return _finish(_run_child(_forking(request, jobs), timeout_s, python), request, timeout_s,
                    python)
