@@ -75,7 +75,9 @@ def _retraced_micro_batch(plan: Plan, failure: dict[str, Any], measure: Measure
     for micro in options:  # largest first
         if peaks.get(micro) is not None and peaks[micro] <= bound:
             return micro
-    return None
+    # Grown past what any micro-batch proved: the smallest is the best guess (then
+    # checkpointing, on the next failure).
+    return options[-1] if peaks.get(options[-1]) is not None else None
 
 
 def retrace(recipe_file: str, timeout_s: float = 120.0) -> Measure:
