@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 TORCH := torch==2.13.0
 TORCH_PIP_ARGS ?=
 
-.PHONY: setup demo test lint bench checkov clean
+.PHONY: setup demo test lint bench checkov clean chromium
 
 $(BIN)/launch: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -31,7 +31,16 @@ checkov: $(CHECKOV)
 	$(CHECKOV) -d infra/aws --var-file infra/aws/example.tfvars --framework terraform --skip-download --compact --quiet
 	$(CHECKOV) -d infra/gcp --var-file infra/gcp/example.tfvars --framework terraform --skip-download --compact --quiet
 
-test: setup $(CHECKOV)
+# The HTML plan report is checked in a real headless Chromium (tests/test_report_browser.py):
+# Debian's package, installed where apt can (CI runs as root); elsewhere that test skips, and
+# fails under CI=true.
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { command -v apt-get >/dev/null 2>&1 && \
+	  [ "$$(id -u)" = 0 ] && { apt-get install -y -q chromium >/dev/null 2>&1 || \
+	  { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium >/dev/null 2>&1; }; }; } || \
+	  echo "chromium is not installed: tests/test_report_browser.py will skip"
+
+test: setup $(CHECKOV) chromium
 	$(BIN)/python -m pytest -q
 
 lint: setup

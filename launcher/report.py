@@ -178,7 +178,7 @@ def print_plan(out: Any, result: PlanResult, show_all: bool = False) -> None:
         c = result.chosen
         price = "" if c.cost_per_hour_usd is None else f", ${format_usd(c.cost_per_hour_usd)}/h"
         out.print(f"chosen: {c.strategy} on {c.nodes} x {c.machine}{price}, {c.optimizer} "
-                  f"(global batch {c.global_batch_size})")
+                  f"(global batch {c.global_batch_size})", soft_wrap=False)
         out.print(memory_bar(result.chosen), soft_wrap=False)
     for rejection in result.rejected:  # wrapped by words at the console's width
         out.print(f"[red]rejected[/] {rejection.option}: {rejection.reason}", soft_wrap=False)
@@ -262,9 +262,8 @@ def plan_html(result: PlanResult, title: str) -> str:
         "capacity": format_bytes(p.memory.capacity),
         "fits": {True: "yes", False: "no", None: "?"}[p.fits],
         "fits_class": {True: "yes", False: "no", None: ""}[p.fits],
-        "price": "-" if p.cost_per_hour_usd is None else f"{p.cost_per_hour_usd:.2f}",
-        "cost": "-" if p.total_cost_usd is None else f"{p.total_cost_usd:,.2f}",
-    } for p in result.plans]
+        "price": format_usd(p.cost_per_hour_usd), "cost": format_usd(p.total_cost_usd),
+    } for p in shown_plans(result)]  # the terminal's rows
     return env.get_template("plan.html.j2").render(
         title=title, parameters=format_count(result.parameters), source=result.source,
         chosen=chosen, parts=parts, used=used, capacity=capacity, rows=rows,
