@@ -222,10 +222,23 @@ class Supervisor:
         progress = Progress()
         watcher = LogWatcher(platform=self.provider.name)
         cursor: Any = None
+        event_cursor: Any = None
         seen_at: float | None = None
         stopped_at: float | None = None
         while True:
             status = self.provider.poll(attempt.job_id)
+            # The event channel first: an out-of-memory event is acted on at once, however
+            # much of the log is still to be read.
+            events, event_cursor = self.provider.events(attempt.job_id, event_cursor)
+            for line in events:
+                event = parse_event(line)
+                if event is None:
+                    continue
+                progress.update(event)
+                if event.get("launch") == "oom" and seen_at is None:
+                    seen_at = time.monotonic()
+                    self.on_note(f"out of memory on rank {event.get('rank')} in "
+                                 f"{event.get('phase')}: stopping the job")
             lines, cursor = self.provider.logs(attempt.job_id, cursor)
             for line in lines:
                 self.on_line(line)

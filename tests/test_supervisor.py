@@ -342,3 +342,17 @@ def test_data_that_grows_mid_run_is_fixed_by_exactly_one_resubmission(cli, write
     assert (second["plan"]["micro_batch_size"], second["plan"]["grad_accum_steps"]) == (1, 16)
     assert second["plan"]["global_batch_size"] == 16
     assert second["summary"]["resumed_from_step"] == 3 and second["summary"]["steps"] == 5
+
+
+def test_events_have_a_channel_of_their_own_beside_the_log(cli, tiny_recipe, tmp_path):
+    """The rendered script writes its events to events.jsonl too, which the supervisor reads
+    before the log (an out-of-memory event never queues behind a chatty job's output)."""
+    result = cli(str(tiny_recipe), "--json")
+    assert result.status == 0, result.stderr
+    attempt = tmp_path / "state" / "runs" / result.json()["run_id"] / "attempt-1"
+    events = [json.loads(line) for line in (attempt / "events.jsonl").read_text().splitlines()]
+    assert {e["launch"] for e in events} >= {"metrics", "done"}
+    assert (attempt / "events.jsonl").stat().st_mode & 0o077 == 0
+    logged = [line for line in (attempt / "output.log").read_text().splitlines()
+              if '"launch": ' in line]
+    assert len(logged) == len(events)  # the same lines, in the log as well

@@ -89,6 +89,12 @@ class Provider(abc.ABC):
     def stop(self, job_id: str) -> None:
         """Stop the job now; calling it on a finished job does nothing."""
 
+    def events(self, job_id: str, cursor: Any = None) -> tuple[list[str], Any]:
+        """The job's structured event lines (the templates' ``emit``) from a channel of their
+        own, read before the log so a failure never waits behind it; none where the provider
+        has no such channel (then the log carries them)."""
+        return [], cursor
+
     def adopt(self, run_id: str, attempt: int, attempt_dir: Path) -> str | None:
         """The job id of an attempt that was (maybe) created but never recorded, found by the
         name or labels the dry run gives it; ``None`` if there is no such job."""

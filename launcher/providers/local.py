@@ -32,6 +32,9 @@ from launcher.status import UsageError
 #: Threads per worker: torchrun's own default, set explicitly so it does not print its banner.
 OMP_THREADS = "1"
 
+#: The file of the job's event lines (``LAUNCH_EVENTS_FILE``), beside ``output.log``.
+EVENTS_NAME = "events.jsonl"
+
 #: How long a job may be recorded without a runner before it counts as never started.
 START_TIMEOUT_S = 30.0
 
@@ -98,6 +101,7 @@ class LocalProvider(Provider):
             "OMP_NUM_THREADS": OMP_THREADS,
             "PYTHONUNBUFFERED": "1",
             processes.TOKEN_VAR: job_token(job.attempt_dir),
+            "LAUNCH_EVENTS_FILE": str(job.attempt_dir / EVENTS_NAME),
         }
         return LocalRequest(
             argv=argv, cwd=str(job.code_dir), env=env, job_dir=str(job.attempt_dir),
@@ -164,21 +168,12 @@ class LocalProvider(Provider):
         """Processes of the job still alive (after it ended, this must be empty)."""
         return processes.tagged(job_token(Path(job_id)))
 
+    def events(self, job_id: str, cursor: Any = None) -> tuple[list[str], int]:
+        """The rendered script's event lines, from their own file beside the log."""
+        return _read_lines(Path(job_id) / EVENTS_NAME, cursor)
+
     def logs(self, job_id: str, cursor: Any = None) -> tuple[list[str], int]:
-        offset = int(cursor or 0)
-        path = Path(job_id) / "output.log"
-        try:
-            with open(path, "rb") as handle:
-                handle.seek(offset)
-                data = handle.read(8 << 20)
-        except FileNotFoundError:
-            return [], offset
-        end = data.rfind(b"\n")
-        if end < 0:
-            return [], offset
-        chunk = data[: end + 1]
-        lines = chunk.decode("utf-8", errors="replace").splitlines()
-        return lines, offset + len(chunk)
+        return _read_lines(Path(job_id) / "output.log", cursor)
 
     def stop(self, job_id: str) -> None:
         """SIGTERM to the runner (it stops its tree); with no runner left, kill the job's
@@ -192,6 +187,23 @@ class LocalProvider(Provider):
             processes.signal_all([int(runner["pid"])], signal.SIGTERM)
         else:
             processes.kill_tagged(job_token(job_dir))
+
+
+def _read_lines(path: Path, cursor: Any, limit: int = 8 << 20) -> tuple[list[str], int]:
+    """Complete lines of ``path`` from byte offset ``cursor`` (at most ``limit`` bytes a call),
+    and the offset after them."""
+    offset = int(cursor or 0)
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(offset)
+            data = handle.read(limit)
+    except FileNotFoundError:
+        return [], offset
+    end = data.rfind(b"\n")
+    if end < 0:
+        return [], offset
+    chunk = data[: end + 1]
+    return chunk.decode("utf-8", errors="replace").splitlines(), offset + len(chunk)
 
 
 def _tail(path: Path, limit: int = 300) -> str:
