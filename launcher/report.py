@@ -177,7 +177,8 @@ def print_plan(out: Any, result: PlanResult, show_all: bool = False) -> None:
     if result.chosen is not None:
         c = result.chosen
         price = "" if c.cost_per_hour_usd is None else f", ${format_usd(c.cost_per_hour_usd)}/h"
-        out.print(f"chosen: {c.strategy} on {c.nodes} x {c.machine}{price}, {c.optimizer} "
+        every = ", reduce-scatter every micro-step" if c.reduce_every_micro_step else ""
+        out.print(f"chosen: {c.strategy} on {c.nodes} x {c.machine}{price}, {c.optimizer}{every} "
                   f"(global batch {c.global_batch_size})", soft_wrap=False)
         out.print(memory_bar(result.chosen), soft_wrap=False)
     for rejection in result.rejected:  # wrapped by words at the console's width

@@ -6,7 +6,9 @@ step time = compute + communication, with
   communication, per optimizer step and GPU: DDP all-reduces the gradients once (2 (n-1)/n of
   their bytes on the wire), FSDP all-gathers the parameters for forward and backward and
   reduce-scatters the gradients (3 (n-1)/n of their bytes), over NVLink within a node and the
-  network between nodes. It is added without overlap: a cost model should not flatter a plan.
+  network between nodes; a plan that reduce-scatters on every micro-step
+  (``Plan.reduce_every_micro_step``) does that last part once per micro-step. It is added
+  without overlap: a cost model should not flatter a plan.
 The MFU is an assumption (``ASSUMED_MFU``), stated with every cost; a calibrated one replaces it.
 """
 
@@ -36,7 +38,8 @@ class Cost:
 
 def step_cost(*, flops_per_sample: float | None, global_batch: int, world: int, nodes: int,
               strategy: str, checkpointing: bool, gradient_bytes: int | None,
-              parameter_bytes_compute: int | None, steps: int, hw: Hardware) -> Cost:
+              parameter_bytes_compute: int | None, steps: int, hw: Hardware,
+              reduce_scatters: int = 1) -> Cost:
     price = None if hw.price_per_hour is None else hw.price_per_hour * nodes
     if flops_per_sample is None or not hw.peak_tflops:
         return Cost(None, price, None)
@@ -52,7 +55,8 @@ def step_cost(*, flops_per_sample: float | None, global_batch: int, world: int, 
         if strategy == "ddp" and gradient_bytes:
             comm = 2 * factor * gradient_bytes / bandwidth
         elif strategy in ("fsdp", "hybrid_shard", "smp_v2") and parameter_bytes_compute:
-            comm = 3 * factor * parameter_bytes_compute / bandwidth
+            # two all-gathers (forward, backward) and the reduce-scatter(s) of the gradients
+            comm = (2 + reduce_scatters) * factor * parameter_bytes_compute / bandwidth
     step = compute + comm
     total = None if price is None else steps * step * price / 3600
     return Cost(step, price, total)

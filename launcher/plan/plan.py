@@ -73,6 +73,10 @@ class Plan:
     hybrid_shard_degree: int | None = None
     tensor_parallel_degree: int = 1
     activation_offloading: bool = False
+    # fsdp / hybrid_shard with grad_accum_steps > 1: reduce-scatter the gradient on every
+    # micro-step instead of only the last, so each GPU holds its shard of the gradient, not the
+    # whole unsharded one, for grad_accum_steps x the gradient communication.
+    reduce_every_micro_step: bool = False
     # PyTorch's caching allocator grows segments instead of splitting them
     # (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True): the fix for a fragmented allocator.
     expandable_segments: bool = False

@@ -147,34 +147,80 @@ def shard_degree(strategy: str, nodes: int, gpus: int) -> int:
 
 #: Strategies a recipe's trace can run at their world size (one rank, a fake process group).
 TRACED_AT_WORLD_SIZE = ("fsdp", "hybrid_shard")
+#: Sharded strategies whose script can reduce-scatter on every micro-step
+#: (``Plan.reduce_every_micro_step``, FSDP2's ``set_requires_gradient_sync``).
+REDUCE_EVERY_MICRO_STEP = ("fsdp", "hybrid_shard")
 #: A sharded candidate whose scaled estimate is this close to the usable memory (either side) is
 #: traced at its world size: the scaled estimate is on the safe side by tens of percent
 #: (docs/benchmarks.md), enough to reject a plan that fits or to report the wrong margin.
 NEAR_CAPACITY = 0.15
 
 
+def reduces_every_micro_step(strategy: str, nodes: int, gpus: int, accum: int,
+                             reduce_every: bool) -> bool:
+    """Whether ``reduce_every`` changes anything: a sharded plan (more than one shard) that
+    accumulates gradients."""
+    return (reduce_every and accum > 1 and strategy in REDUCE_EVERY_MICRO_STEP
+            and shard_degree(strategy, nodes, gpus) > 1)
+
+
 def per_gpu_memory(fp: Footprint, target: Target, strategy: str, nodes: int, gpus: int,
-                   micro: int, accum: int = 1) -> Memory:
+                   micro: int, accum: int = 1, reduce_every: bool = False) -> Memory:
     """The footprint at ``micro`` under ``strategy``, with the GPU-side overheads.
 
     A sharded plan is first sized by sharding the single-device footprint phase by phase; when
     that lands near the machine's capacity and the footprint can trace one rank of the strategy
-    (``Footprint.rank_memory_at``: a recipe), the rank's own trace replaces it."""
-    memory = _scaled_gpu_memory(fp, target, strategy, nodes, gpus, micro, accum)
+    (``Footprint.rank_memory_at``: a recipe), the rank's own trace replaces it.
+    ``reduce_every``: the plan reduce-scatters on every micro-step (``Plan.
+    reduce_every_micro_step``), so its ranks hold gradient shards, not the unsharded gradient."""
+    reduce_every = reduces_every_micro_step(strategy, nodes, gpus, accum, reduce_every)
+    memory = _scaled_gpu_memory(fp, target, strategy, nodes, gpus, micro, accum, reduce_every)
     usable = None if memory.capacity is None else memory.capacity * (1 - SAFETY_MARGIN)
     if (fp.rank_memory_at is not None and strategy in TRACED_AT_WORLD_SIZE
             and memory.total is not None and usable and not target.address_space_cap
             and abs(memory.total - usable) <= NEAR_CAPACITY * usable):
-        rank = fp.rank_memory_at(strategy, nodes, gpus, micro, accum)
+        if reduce_every:
+            rank = _rank_reducing_every_micro_step(fp, strategy, nodes, gpus, micro, accum)
+        else:
+            rank = fp.rank_memory_at(strategy, nodes, gpus, micro, accum)
         if rank is not None:
-            return _with_overheads(rank.parameters, rank.gradients, rank.optimizer,
-                                   rank.activations, rank.temporary, rank.peak_allocated,
-                                   target, nodes * gpus)
+            traced = _with_overheads(rank.parameters, rank.gradients, rank.optimizer,
+                                     rank.activations, rank.temporary, rank.peak_allocated,
+                                     target, nodes * gpus)
+            if not reduce_every or (traced.peak_allocated or 0) < (memory.peak_allocated
+                                                                  or math.inf):
+                return traced
     return memory
 
 
+def _rank_reducing_every_micro_step(fp: Footprint, strategy: str, nodes: int, gpus: int,
+                                    micro: int, accum: int) -> Memory | None:
+    """One rank of a plan that reduce-scatters on every micro-step, from its trace without
+    accumulation.
+
+    Not traced as such: the trace child writes the script's plan values itself
+    (``_trace_child.script_plan``), without ``reduce_every_micro_step``, so a trace at
+    ``accum > 1`` would hold the whole unsharded gradient. But such a rank's first micro-step
+    reduce-scatters as it goes, exactly as a step without accumulation does, and its optimizer
+    phase is the same; every later micro-step is the first one plus the gradient shards of the
+    earlier ones, and, while each unit's reduce-scatter output is added into them, one unit's
+    shard more. So: the trace at ``accum=1`` plus those bytes. When that trace peaks in the
+    optimizer step (whose gradient shards it already counts) this is on the safe side by the
+    shards; ``per_gpu_memory`` keeps the smaller of it and the scaled estimate, both bounds."""
+    rank = fp.rank_memory_at(strategy, nodes, gpus, micro, 1)
+    whole = fp.memory_at(micro, accum).gradients
+    if rank is None or rank.peak_allocated is None or whole is None:
+        return None
+    degree = shard_degree(strategy, nodes, gpus)
+    held = -(-whole // degree)
+    if fp.unit_parameters and fp.parameters:
+        held += -(-whole * fp.unit_parameters // (fp.parameters * degree))
+    return dataclasses.replace(rank, gradients=(rank.gradients or 0) + held,
+                               peak_allocated=rank.peak_allocated + held)
+
+
 def _scaled_gpu_memory(fp: Footprint, target: Target, strategy: str, nodes: int, gpus: int,
-                       micro: int, accum: int) -> Memory:
+                       micro: int, accum: int, reduce_every: bool = False) -> Memory:
     """The single-device footprint at ``micro`` sharded as ``strategy`` shards it."""
     single = fp.memory_at(micro, accum)
     degree = shard_degree(strategy, nodes, gpus)
@@ -183,9 +229,10 @@ def _scaled_gpu_memory(fp: Footprint, target: Target, strategy: str, nodes: int,
         return None if x is None else -(-x // degree)
 
     params, grads, opt = div(single.parameters), div(single.gradients), div(single.optimizer)
-    if degree > 1 and accum > 1:
+    if degree > 1 and accum > 1 and not reduce_every:
         # The templates accumulate without a reduce-scatter until the last micro-step (FSDP2's
         # set_requires_gradient_sync(False)): each GPU holds the whole unsharded gradient.
+        # With reduce_every_micro_step each micro-step reduce-scatters: only the shards stay.
         grads = single.gradients
     temporary, activations = div(single.temporary), single.activations
     if degree == 1:
@@ -200,7 +247,8 @@ def _scaled_gpu_memory(fp: Footprint, target: Target, strategy: str, nodes: int,
             # the model states, not the activations, so the single device's peak (often the
             # optimizer step, where activations are gone) is not the sharded one (often the
             # backward pass): shard every phase, then take the largest.
-            worst = max(_sharded_phases(fp.phases_at(micro, accum), div, gather, accum),
+            worst = max(_sharded_phases(fp.phases_at(micro, accum), div, gather, accum,
+                                        reduce_every),
                         key=lambda m: m.peak_allocated or 0, default=None)
             peak = None
             if worst is not None:
@@ -235,7 +283,7 @@ def _with_overheads(params: int | None, grads: int | None, opt: int | None,
 
 
 def _sharded_phases(phases: dict[str, Memory], div: Callable[[int | None], int | None],
-                    gather: int, accum: int) -> list[Memory]:
+                    gather: int, accum: int, reduce_every: bool = False) -> list[Memory]:
     """Each phase's single-device ``Memory`` under a sharding of the model states.
 
     The build is left out: the sharded templates move each block to the GPU as ``fully_shard``
@@ -243,7 +291,9 @@ def _sharded_phases(phases: dict[str, Memory], div: Callable[[int | None], int |
     of the weights, which FSDP replaces by its bf16 gathers (``gather``): counted twice, on the
     safe side (docs/benchmarks.md measures how much). Weights and optimizer state are divided
     everywhere; gradients too, except while accumulating (the templates keep the whole
-    unsharded gradient until the last micro-step). Activations are the rank's own.
+    unsharded gradient until the last micro-step), unless the plan reduce-scatters on every
+    micro-step (``reduce_every``: each rank adds into its shard; the unit being reduced is in
+    ``gather``). Activations are the rank's own.
     Temporaries are the optimizer's foreach buffers in the optimizer phase (sharded with the
     state) and activation gradients in forward and backward (not sharded), where FSDP also
     holds its gathered units (``gather``, counted as temporary).
@@ -254,9 +304,9 @@ def _sharded_phases(phases: dict[str, Memory], div: Callable[[int | None], int |
             continue  # the sharded templates shard each block as it reaches the GPU
         if None in (m.parameters, m.gradients, m.optimizer, m.activations, m.temporary):
             return []
-        compute = phase in ("forward", "backward")
+        compute = phase in ("forward", "backward", "accum_forward", "accum_backward")
         params, opt = div(m.parameters), div(m.optimizer)
-        grads = m.gradients if accum > 1 else div(m.gradients)
+        grads = m.gradients if accum > 1 and not reduce_every else div(m.gradients)
         temporary = m.temporary + gather if compute else div(m.temporary)
         out.append(Memory(parameters=params, gradients=grads, optimizer=opt,
                           activations=m.activations, temporary=temporary,
@@ -330,8 +380,10 @@ def _hardware(target: Target, precision: str) -> Hardware:
 
 
 def _evaluate(spec: Spec, fp: Footprint, target: Target, rung: Rung, gpus: int, micro: int,
-              accum: int) -> Plan:
-    memory = per_gpu_memory(fp, target, rung.strategy, rung.nodes, gpus, micro, accum)
+              accum: int, reduce_every: bool = False) -> Plan:
+    reduce_every = reduces_every_micro_step(rung.strategy, rung.nodes, gpus, accum, reduce_every)
+    memory = per_gpu_memory(fp, target, rung.strategy, rung.nodes, gpus, micro, accum,
+                            reduce_every)
     world = rung.nodes * gpus
     compute_bytes = 4 if fp.precision == "fp32" else 2
     cost = step_cost(
@@ -339,7 +391,7 @@ def _evaluate(spec: Spec, fp: Footprint, target: Target, rung: Rung, gpus: int, 
         nodes=rung.nodes, strategy=rung.strategy, checkpointing=rung.checkpointing,
         gradient_bytes=(memory.gradients or 0) * shard_degree(rung.strategy, rung.nodes, gpus),
         parameter_bytes_compute=fp.parameters * compute_bytes, steps=spec.steps,
-        hw=_hardware(target, fp.precision))
+        hw=_hardware(target, fp.precision), reduce_scatters=accum if reduce_every else 1)
     return Plan(
         strategy=rung.strategy,  # type: ignore[arg-type]
         machine=target.name, nodes=rung.nodes, gpus_per_node=gpus, micro_batch_size=micro,
@@ -352,7 +404,8 @@ def _evaluate(spec: Spec, fp: Footprint, target: Target, rung: Rung, gpus: int, 
         cost.cost_per_hour_usd,
         step_time_s=cost.step_time_s,
         total_cost_usd=0.0 if target.name.startswith("local") else cost.total_cost_usd,
-        memory=memory, note=rung.label)
+        memory=memory, reduce_every_micro_step=reduce_every,
+        note=rung.label + (", reduce-scatter every micro-step" if reduce_every else ""))
 
 
 def _micro_options(spec: Spec, world: int, shrink: bool, level: int) -> list[int]:
@@ -395,29 +448,58 @@ def plan_on(spec: Spec, estimator: Estimator, target: Target, provider: str,
                     reason=f"{exc.message} ({exc.hint})"))
             continue
         fp = estimator(precision, optimizer, rung.checkpointing)
-        tried: Plan | None = None
-        for micro in _micro_options(spec, world, rung.smaller_micro, rung.level):
-            accum = spec.global_batch_size // (micro * world)
-            candidate = _evaluate(spec, fp, target, rung, gpus, micro, accum)
-            if tried is None:
-                evaluated.append(candidate)
-            tried = candidate
-            if candidate.fits:
-                if candidate is not evaluated[-1]:
+        micros = _micro_options(spec, world, rung.smaller_micro, rung.level)
+        # A sharded rung holds the whole unsharded gradient while it accumulates (the gradient
+        # is reduced on the last micro-step only). When no micro-batch fits that way, the same
+        # rung is tried again reducing on every micro-step: the gradient shards only, for
+        # accumulation x the gradient communication; before checkpointing or more nodes.
+        passes = [False]
+        if rung.strategy in REDUCE_EVERY_MICRO_STEP and any(
+                reduces_every_micro_step(rung.strategy, rung.nodes, gpus,
+                                         spec.global_batch_size // (m * world), True)
+                for m in micros):
+            passes.append(True)
+        plain: dict[int, Plan] = {}  # the plain pass's try at each micro-batch
+        for reduce_every in passes:
+            if reduce_every and any(p.grad_accum_steps == 1 and _states_overflow(p)
+                                    for p in plain.values()):
+                break  # the sharded model states overflow without any gradient held
+            tried: Plan | None = None
+            for micro in micros:
+                accum = spec.global_batch_size // (micro * world)
+                if reduce_every and not reduces_every_micro_step(
+                        rung.strategy, rung.nodes, gpus, accum, True):
+                    continue  # no accumulation: nothing to reduce earlier
+                candidate = _evaluate(spec, fp, target, rung, gpus, micro, accum, reduce_every)
+                if tried is None:
                     evaluated.append(candidate)
-                return candidate, evaluated, failed
-            if candidate.fits is None:
-                # Not known to overflow, and no estimate can say more: the least invasive such
-                # plan stands (with a note); smaller micro-batches would be guesses.
-                if candidate is not evaluated[-1]:
+                tried = candidate
+                if not reduce_every:
+                    plain[micro] = candidate
+                if candidate.fits or candidate.fits is None:
+                    # fits None: not known to overflow, and no estimate can say more: the least
+                    # invasive such plan stands (with a note); smaller micro-batches would be
+                    # guesses.
+                    if candidate is evaluated[-1]:
+                        evaluated.pop()  # back last, after what it replaces
+                    if reduce_every and micro in plain:
+                        # what it replaces, for the plans and the reasons (the trade-off)
+                        if plain[micro] not in evaluated:
+                            evaluated.append(plain[micro])
+                        if plain[micro] not in failed[-1:]:
+                            failed.append(plain[micro])
                     evaluated.append(candidate)
-                return candidate, evaluated, failed
-            if candidate.fits is False and candidate.memory.model_states is not None and (
-                    candidate.memory.model_states > (candidate.memory.capacity or 0)):
-                break  # the model states alone overflow: smaller micro-batches cannot help
-        if tried is not None and tried.fits is False:
-            failed.append(tried)
+                    return candidate, evaluated, failed
+                if candidate.fits is False and _states_overflow(candidate):
+                    break  # the model states alone overflow: smaller micro-batches cannot help
+            if tried is not None and tried.fits is False:
+                failed.append(tried)
     return None, evaluated, failed
+
+
+def _states_overflow(candidate: Plan) -> bool:
+    states = candidate.memory.model_states
+    return states is not None and states > (candidate.memory.capacity or 0)
 
 
 def plan(spec: Spec, estimator: Estimator, targets: list[Target], provider: str, *,

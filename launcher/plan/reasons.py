@@ -61,7 +61,8 @@ def for_failed(failed: list[Plan], parameters: int | None) -> list[Rejection]:
     for plan in failed:
         m = plan.memory
         option = f"{_where(plan)}, micro-batch {plan.micro_batch_size}" + (
-            " with activation checkpointing" if plan.activation_checkpointing else "")
+            " with activation checkpointing" if plan.activation_checkpointing else "") + (
+            ", reduce-scatter every micro-step" if plan.reduce_every_micro_step else "")
         if _states_overflow(plan):
             assert m.model_states is not None and m.capacity is not None
             out.append(_rejection(option, (
@@ -80,8 +81,38 @@ def for_failed(failed: list[Plan], parameters: int | None) -> list[Rejection]:
     return out
 
 
+def reduce_every_micro_step(chosen: Plan, failed: list[Plan]) -> list[Rejection]:
+    """The trade-off of a plan that reduce-scatters on every micro-step, against the same plan
+    reducing on the last micro-step only (the planner puts that one among ``failed``)."""
+    if not chosen.reduce_every_micro_step:
+        return []
+    same = [p for p in failed if not p.reduce_every_micro_step and (
+        p.strategy, p.nodes, p.gpus_per_node, p.micro_batch_size, p.activation_checkpointing,
+        p.machine) == (chosen.strategy, chosen.nodes, chosen.gpus_per_node,
+                       chosen.micro_batch_size, chosen.activation_checkpointing,
+                       chosen.machine)]
+    n = chosen.grad_accum_steps
+    before = same[0].memory.gradients if same else None
+    after = chosen.memory.gradients
+    held = (f"gradients {format_bytes(before)} -> {format_bytes(after)} per GPU, "
+            if before is not None and after is not None else "")
+    step = ""
+    if same and same[0].step_time_s is not None and chosen.step_time_s is not None:
+        step = f" (step {same[0].step_time_s:.2f} s -> {chosen.step_time_s:.2f} s)"
+    m = same[0].memory if same else None
+    needs = (f" and needs {format_bytes(m.total)}, more than the "
+             f"{format_bytes(int(m.capacity * (1 - SAFETY_MARGIN)))} usable"
+             if m is not None and m.total is not None and m.capacity is not None
+             else " and does not fit")
+    return [_rejection(
+        f"{_where(chosen)}, gradients reduced on the last micro-step only", (
+            f"reduce-scatter every micro-step: {held}{n} x the gradient communication{step}; "
+            "reducing on the last one only, each GPU holds the whole unsharded gradient "
+            f"through the {n} micro-steps{needs}"))]
+
+
 def alternatives(chosen: Plan, failed: list[Plan], provider: str) -> list[Rejection]:
-    out: list[Rejection] = []
+    out: list[Rejection] = reduce_every_micro_step(chosen, failed)
     states_bound = [p for p in failed if _states_overflow(p)]
     if states_bound:
         first = states_bound[0]

@@ -245,3 +245,131 @@ def test_a_sharded_plan_near_capacity_is_sized_by_its_own_ranks_trace():
     assert memory.total > memory.peak_allocated  # the GPU overheads still on top
     per_gpu_memory(fp, near, "ddp", 1, 8, micro=4, accum=2)
     assert len(asked) == 1  # DDP: the single device's estimate is the rank's
+
+
+# -- reduce-scatter on every micro-step (issue 14, item 3) ---------------------------------------
+
+LLAMA_13B = ("--params", "13B", "--layers", "40", "--hidden-size", "5120", "--heads", "40",
+             "--vocab-size", "32000", "--seq-len", "4096", "--precision", "bf16_mixed",
+             "--global-batch-size", "64")
+
+
+def test_held_gradient_that_overflows_is_reduce_scattered_every_micro_step(cli, plain):
+    """13B on 8 x H100 (80 GB), no activation checkpointing: fully sharded, its states are
+    24 GiB per GPU, but accumulating 8 micro-batches the plain way holds the whole 48 GiB fp32
+    gradient on every GPU through the micro-steps (105 GiB). Reduce-scattering every micro-step
+    keeps each GPU's shard only: it fits, for 8 x the gradient's reduce-scatter."""
+    data = cli("plan", str(plain), "--provider", "sagemaker", "--machine", "ml.p5.48xlarge",
+               "--no-activation-checkpointing", *LLAMA_13B, "--json").json()
+    chosen = data["chosen"]
+    assert (chosen["strategy"], chosen["micro_batch_size"], chosen["grad_accum_steps"]) == (
+        "fsdp", 1, 8)
+    assert chosen["reduce_every_micro_step"] is True and chosen["fits"] is True
+    assert chosen["note"] == "fsdp, reduce-scatter every micro-step"
+    [same] = [p for p in data["plans"] if p["strategy"] == "fsdp" and p["micro_batch_size"] == 1
+              and not p["reduce_every_micro_step"]]
+    assert same["fits"] is False
+    gib = 2**30
+    assert same["memory"]["gradients"] == pytest.approx(48.4 * gib, rel=0.01)  # whole, fp32
+    assert chosen["memory"]["gradients"] == -(-same["memory"]["gradients"] // 8)  # its shard
+    assert chosen["memory"]["total"] < same["memory"]["total"] - 40 * gib
+    # 7 reduce-scatters more per step: slower, but by little next to the compute
+    assert same["step_time_s"] < chosen["step_time_s"] < same["step_time_s"] * 1.05
+    reasons = _rejected(data)
+    trade = reasons["fsdp on 8 x ml.p5.48xlarge, gradients reduced on the last micro-step only"]
+    assert trade.startswith("reduce-scatter every micro-step: gradients 48.4 GiB -> 6.1 GiB per "
+                            "GPU, 8 x the gradient communication (step 7.37 s -> 7.54 s)")
+    assert "needs 105.0 GiB, more than the 75.2 GiB usable" in trade
+    # the plain plan's own line says what it needs
+    assert "needs 105.0 GiB per GPU" in reasons["fsdp on 8 x ml.p5.48xlarge, micro-batch 1"]
+
+
+def test_reduce_scatter_every_micro_step_rather_than_a_bigger_machine(cli, plain):
+    """Unpinned, the same job either holds the whole gradient on H200s (141 GB) or reduces
+    every micro-step on H100s: the cheaper machine wins."""
+    data = cli("plan", str(plain), "--provider", "sagemaker", "--no-activation-checkpointing",
+               *LLAMA_13B, "--json").json()
+    chosen = data["chosen"]
+    assert chosen["machine"] == "ml.p5.48xlarge" and chosen["reduce_every_micro_step"] is True
+    bigger = [p for p in data["plans"] if p["machine"] == "ml.p5e.48xlarge"
+              and p["strategy"] == "fsdp" and p["grad_accum_steps"] > 1]
+    assert bigger and bigger[-1]["fits"] and not bigger[-1]["reduce_every_micro_step"]
+
+
+def test_plain_accumulation_stays_where_it_fits(cli, plain):
+    """7B: the plain sharded plan with accumulation fits (the held 26 GiB gradient included),
+    so nothing reduces every micro-step, and that option is not even evaluated."""
+    data = cli("plan", str(plain), "--provider", "sagemaker", "--machine", "ml.p5.48xlarge",
+               "--params", "7B", "--layers", "32", "--hidden-size", "4096", "--heads", "32",
+               "--vocab-size", "32000", "--seq-len", "4096", "--precision", "bf16_mixed",
+               "--global-batch-size", "64", "--json").json()
+    chosen = data["chosen"]
+    assert (chosen["strategy"], chosen["grad_accum_steps"], chosen["fits"]) == ("fsdp", 8, True)
+    assert chosen["reduce_every_micro_step"] is False
+    assert chosen["memory"]["gradients"] > 25 * 2**30  # the whole gradient, and it fits
+    assert not any(p["reduce_every_micro_step"] for p in data["plans"])
+    assert not any("micro-step" in r["option"] for r in data["rejected"])
+
+
+def test_reducing_every_micro_step_holds_the_gradient_shards_in_the_estimate():
+    """Traced phases: while accumulating, the plain plan keeps the whole gradient; reducing
+    every micro-step keeps gradients sharded in every phase. Near capacity the rank's own trace
+    (which cannot reduce every micro-step: the trace writes the script's plan values) is taken
+    without accumulation, plus the gradient shards the later micro-steps hold."""
+    from launcher.estimate.footprint import Footprint
+    from launcher.estimate.overheads import SAFETY_MARGIN
+    from launcher.plan.plan import Memory
+    from launcher.plan.planner import Target, per_gpu_memory
+
+    gib = 2**30
+    phases = {
+        "backward": Memory(parameters=4 * gib, gradients=2 * gib, optimizer=8 * gib,
+                           activations=6 * gib, temporary=1 * gib, peak_allocated=21 * gib),
+        "accum_backward": Memory(parameters=4 * gib, gradients=4 * gib, optimizer=8 * gib,
+                                 activations=6 * gib, temporary=1 * gib,
+                                 peak_allocated=23 * gib),
+        "optimizer": Memory(parameters=4 * gib, gradients=4 * gib, optimizer=8 * gib,
+                            activations=0, temporary=4 * gib, peak_allocated=20 * gib),
+    }
+    asked: list[tuple[str, int, int, int, int]] = []
+
+    def rank_memory_at(strategy: str, nodes: int, gpus: int, micro: int, accum: int) -> Memory:
+        asked.append((strategy, nodes, gpus, micro, accum))
+        return Memory(parameters=gib // 2, gradients=gib // 4, optimizer=1 * gib,
+                      activations=6 * gib, temporary=1 * gib, peak_allocated=8 * gib)
+
+    fp = Footprint(kind="traced", precision="bf16_mixed", optimizer="adamw",
+                   activation_checkpointing=False, parameters=gib, unit_parameters=0,
+                   memory_at=lambda b, a=1: phases["accum_backward"],
+                   phases_at=lambda b, a=1: phases, rank_memory_at=rank_memory_at)
+    cpu = Target(name="t", gpus=8, memory_bytes=None, cpu=True)
+    held = per_gpu_memory(fp, cpu, "fsdp", 1, 8, micro=1, accum=4)
+    assert held.gradients == 4 * gib
+    assert held.peak_allocated == (4 + 8) * gib // 8 + 4 * gib + 6 * gib + 1 * gib
+    every = per_gpu_memory(fp, cpu, "fsdp", 1, 8, micro=1, accum=4, reduce_every=True)
+    assert every.gradients == gib // 2
+    assert every.peak_allocated == (4 + 4 + 8) * gib // 8 + 6 * gib + 1 * gib
+    # no accumulation, or nothing sharded: the option changes nothing
+    assert per_gpu_memory(fp, cpu, "fsdp", 1, 8, micro=1, accum=1, reduce_every=True) == \
+        per_gpu_memory(fp, cpu, "fsdp", 1, 8, micro=1, accum=1)
+    assert per_gpu_memory(fp, cpu, "ddp", 1, 8, micro=1, accum=4, reduce_every=True) == \
+        per_gpu_memory(fp, cpu, "ddp", 1, 8, micro=1, accum=4)
+    assert asked == []  # the CPU target has no capacity: nothing is near it
+
+    far = Target(name="far", gpus=8, memory_bytes=400 * gib, generation="hopper")
+    scaled = per_gpu_memory(fp, far, "fsdp", 1, 8, micro=1, accum=4, reduce_every=True)
+    near = Target(name="near", gpus=8, generation="hopper",
+                  memory_bytes=round(scaled.total / 1.05 / (1 - SAFETY_MARGIN)))
+    memory = per_gpu_memory(fp, near, "fsdp", 1, 8, micro=1, accum=4, reduce_every=True)
+    assert asked == [("fsdp", 1, 8, 1, 1)]  # traced without accumulation
+    assert memory.peak_allocated == 8 * gib + 4 * gib // 8  # + the shards of the gradient
+    assert memory.gradients == gib // 4 + gib // 2
+
+
+def test_plans_list_each_candidate_once_with_what_reducing_every_micro_step_replaces(cli, plain):
+    data = cli("plan", str(plain), "--provider", "sagemaker", "--machine", "ml.p5.48xlarge",
+               "--no-activation-checkpointing", *LLAMA_13B, "--json").json()
+    keys = [(p["strategy"], p["micro_batch_size"], p["activation_checkpointing"],
+             p["reduce_every_micro_step"]) for p in data["plans"]]
+    assert len(keys) == len(set(keys))
+    assert keys[-2:] == [("fsdp", 1, False, False), ("fsdp", 1, False, True)]

@@ -43,6 +43,7 @@ LOADER = {"recipe": "tiny_loader.py", "steps": 8, "micro_batch_size": 2, "grad_a
 # fp32 sums in another order: DDP all-reduces whole gradients, FSDP reduce-scatters shards.
 TOLERANCE = 1e-5
 GIB = 2**30
+MIB = 2**20
 
 
 def start_with_plan_keys(job_dir: Path, keys: dict[str, Any], **kwargs: Any) -> Pending:
@@ -174,6 +175,55 @@ def test_accumulation_reduce_scatters_only_on_the_last_micro_step(runs: dict[str
         assert len(before) == 16  # 8 steps x 2 micro-steps
         for step in range(8):
             assert before[2 * step] == before[2 * step + 1] == 3 * step
+
+
+# A model whose fp32 gradient dwarfs everything else that differs between plans (wide.py: 8
+# blocks of 2048 x 2048), 2 ranks x micro-batch 2 x 2 accumulation steps. glibc is told to map
+# every block over 64 KiB on its own (MALLOC_MMAP_THRESHOLD_, which also stops it from raising
+# that threshold as it frees): a freed tensor then leaves the resident set at once, so the peak
+# RSS the metrics report is the peak of live tensors plus a constant runtime. With glibc's
+# defaults freed blocks stay in its heap, and these runs' peaks came out in the wrong order.
+WIDE = {"recipe": "wide.py", "steps": 4, "micro_batch_size": 2, "grad_accum_steps": 2,
+        "lr": 1e-5, "checkpoint_every": 0, "env": {"MALLOC_MMAP_THRESHOLD_": "65536"}}
+WIDE_PARAMETERS = 16 * 2048 + 2048 + 8 * (2048 * 2048 + 2048) + 2048 * 16 + 16
+
+
+@pytest.fixture(scope="module")
+def accumulation_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Run]:
+    """The wide recipe under DDP (the reference), under full sharding reducing on the last
+    micro-step only, and under full sharding reducing on every micro-step."""
+    base = tmp_path_factory.mktemp("accumulation")
+    started = {
+        "ddp": start(base / "ddp", nproc=2, strategy="ddp", **WIDE),
+        "last": start(base / "last", nproc=2, strategy="fsdp", **WIDE),
+        "every": start(base / "every", nproc=2, strategy="fsdp", reduce_every_micro_step=True,
+                       **WIDE),
+    }
+    return {name: pending.wait() for name, pending in started.items()}
+
+
+@pytest.mark.slow
+def test_reducing_every_micro_step_matches_ddp_and_holds_only_gradient_shards(
+    accumulation_runs: dict[str, Run],
+) -> None:
+    """With ``reduce_every_micro_step`` every micro-step reduce-scatters and each rank adds into
+    its shard: the same losses as DDP on every rank and step, and a peak lower by the part of
+    the unsharded gradient the plain plan holds through the micro-steps and this one never does
+    (half of it on 2 ranks), less the transients of the unit being reduced (one 2048 x 2048
+    block's 16 MiB unsharded gradient, and its shard as it is added in): measured 56 of 64 MiB.
+    """
+    every, last = accumulation_runs["every"].check(), accumulation_runs["last"].check()
+    ddp = accumulation_runs["ddp"].check()
+    for rank in (0, 1):
+        assert list(every.losses(rank)) == [1, 2, 3, 4]
+        assert_same_losses(every.losses(rank), ddp.losses(rank), tol=TOLERANCE)
+    assert every.losses(0) != every.losses(1)
+    not_held = 4 * WIDE_PARAMETERS // 2  # the fp32 gradient less this rank's shard
+    for rank in (0, 1):
+        peak_last = max(m["rss_bytes"] for m in last.of("metrics", rank))
+        peak_every = max(m["rss_bytes"] for m in every.of("metrics", rank))
+        assert 0.6 * not_held < peak_last - peak_every < 1.1 * not_held, (
+            rank, peak_last / MIB, peak_every / MIB, not_held / MIB)
 
 
 @pytest.mark.slow
