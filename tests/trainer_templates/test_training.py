@@ -26,7 +26,7 @@ METRICS_KEYS = {
 }
 OOM_KEYS = {
     "launch", "rank", "phase", "step", "micro_step", "micro_batch_size", "grad_accum_steps",
-    "device", "message", "requested_bytes", "allocated_bytes", "reserved_bytes",
+    "batch_shapes", "device", "message", "requested_bytes", "allocated_bytes", "reserved_bytes",
     "max_allocated_bytes", "capacity_bytes", "free_bytes",
 }
 MIB = 2**20
