@@ -62,3 +62,20 @@ def test_explain_missing_file(cli):
     result = cli("explain", "nope.log")
     assert result.status == ExitStatus.USAGE
     assert "log not found: nope.log" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_explain_reads_the_old_cpu_allocator_message_as_host_memory(cli, tmp_path):
+    """PyTorch 1.0's "posix_memalign(...) == 0. 12 vs 0" (errno 12 is ENOMEM) is host memory."""
+    log = tmp_path / "cpu.log"
+    log.write_text("epoch 1\nRuntimeError: [enforce fail at CPUAllocator.cpp:56] "
+                   "posix_memalign(&data, gAlignment, nbytes) == 0. 12 vs 0\n")
+    data = cli("explain", str(log), "--json").json()
+    assert (data["failure"], data["line"], data["signature"]) == ("host_oom", 2,
+                                                                  "DefaultCPUAllocator")
+
+
+def test_explain_random_words_find_no_failure(cli, tmp_path):
+    """Issue 16: random words (sentences that end in "Killed") read as host_oom."""
+    log = tmp_path / "words.log"
+    log.write_text("the dog Killed\nand the test Killed\nwords error memory Killed\n" * 50)
+    assert cli("explain", str(log), "--json").json()["failure"] == "none"

@@ -16,7 +16,6 @@ import io
 import json
 import random
 import sys
-import time
 import tracemalloc
 from pathlib import Path
 
@@ -231,6 +230,8 @@ FIXTURE_EXPECTED: dict[str, tuple[str, str | None, str, int | None, int, dict[st
     "torch03_thc.log": ("gpu_oom", "activations", "generic_out_of_memory", None, 1, {}),
     "numpy_memoryerror.log": ("host_oom", "unknown", "MemoryError", None, 5,
                               {"requested_bytes": 7.45 * GiB}),
+    # PyTorch 1.0's CPU allocator: "posix_memalign(...) == 0. 12 vs 0", errno 12 = ENOMEM.
+    "cpu_posix_memalign.log": ("host_oom", "unknown", "DefaultCPUAllocator", None, 10, {}),
     "k8s_oomkilled.log": ("host_oom", "unknown", "OOMKilled", None, 10, {}),
     # --- not memory ---
     "device_side_assert.log": ("other", None, "device_side_assert", None, 1, {}),
@@ -264,8 +265,8 @@ def test_fixture(name: str) -> None:
 @pytest.mark.parametrize("path", sorted(FIXTURES.iterdir()) + (
     sorted(SHARED.glob("*.log")) if SHARED.is_dir() else []), ids=lambda p: p.name)
 def test_file_scan_agrees_with_line_by_line(path: Path) -> None:
-    """explain_file only decodes the lines around its anchors; it must find what reading every
-    line finds."""
+    """explain_file only decodes the lines that hold a needle (and those that continue them); it
+    must find what reading every line finds."""
     with open(path, encoding="utf-8", errors="replace") as f:
         assert explain_file(str(path)) == explain_lines(f)
 
@@ -435,7 +436,7 @@ def test_non_utf8_bytes(tmp_path: Path) -> None:
 def test_200_mb_single_line(tmp_path: Path) -> None:
     """One line of 200 MB (a flattened log) with an OOM in the middle: found, in bounded memory."""
     path = tmp_path / "one_line.log"
-    filler = b"loss=2.1 lr=3e-4 tokens=81234 step_time=0.41 | " * 1000  # 48 KB, no anchors
+    filler = b"loss=2.1 lr=3e-4 tokens=81234 step_time=0.41 | " * 1000  # 48 KB, no needles
     oom = (b" torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.00 GiB. GPU 0 has "
            b"a total capacity of 79.10 GiB of which 12.00 MiB is free. Of the allocated memory "
            b"77.00 GiB is allocated by PyTorch, and 100.00 MiB is reserved by PyTorch but "
@@ -447,15 +448,12 @@ def test_200_mb_single_line(tmp_path: Path) -> None:
                 f.write(oom)
     assert path.stat().st_size > 200_000_000
     tracemalloc.start()
-    start = time.perf_counter()
     d = explain_file(str(path))
-    seconds = time.perf_counter() - start
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     assert (d.failure, d.line, d.requested_bytes) == ("gpu_oom", 1, GiB)
     assert len(d.excerpt) <= 610
-    assert peak < 64 * MiB, peak
-    assert seconds < 60
+    assert peak < 64 * MiB, peak  # speed: bench/bench_explain.py, not a timed test
     assert "windows" in d.note
 
 

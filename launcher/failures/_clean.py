@@ -61,18 +61,23 @@ class Segment:
     event: dict[str, Any] | None = None  # the launcher's own {"launch": ...} object
 
 
+def _rank(digits: str) -> int | None:
+    """A rank number; None for a run of digits no rank has (random or binary text)."""
+    return int(digits) if len(digits) <= 9 else None
+
+
 def strip_prefixes(text: str) -> tuple[str, int | None, str | None]:
     rank: int | None = None
     host: str | None = None
     for _ in range(10):
         match = _RANK_PREFIX.match(text)
         if match:
-            rank = int(match.group(1))  # the innermost prefix is the global [rankN] one
+            rank = _rank(match.group(1))  # the innermost prefix is the global [rankN] one
             text = text[match.end():]
             continue
         match = _MPI_PREFIX.match(text)
         if match:
-            rank = int(match.group(1))
+            rank = _rank(match.group(1))
             host = match.group(2) or host
             text = text[match.end():]
             continue
@@ -170,4 +175,4 @@ def text_rank(text: str) -> int | None:
     match = _TEXT_RANK.search(text)
     if not match:
         return None
-    return int(next(g for g in match.groups() if g is not None))
+    return _rank(next(g for g in match.groups() if g is not None))

@@ -15,12 +15,20 @@ wins, so a specific message (PyTorch's CUDA out-of-memory) is never mistaken for
   preemption are failures of another kind, ranked so that a root cause outranks the cascade that
   follows it (``tier``: 1 specific root causes, 2 exceptions, 3 distributed cascades, 4 process
   exits and signals).
+
+Every rule names its **needles**: literal strings, one of which every message the rule reports
+contains, matched without regard to case (:func:`_n`). A rule is only tried on a text that holds
+one of them, which keeps :func:`classify` to a few `in` tests for most lines; and the file scanner
+(:mod:`._anchors`, :mod:`._scan`) searches whole blocks of bytes for the same needles, so a line
+reaches the rules only if some rule could read it. An alternative of a pattern that holds none of
+its rule's needles would never fire: the tests check every rule's needles against examples of
+each alternative.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,6 +77,73 @@ class Rule:
     figures: Callable[[str], Figures] | None = None
     cause: str | None = None
     unless: re.Pattern[str] | None = None  # the message matches but is not this failure
+    # Strings one of which every match contains, as real messages spell them. A tuple ("a", "b"):
+    # a match that holds "a" also holds "b" ("a" is searched for, "b" checked before the pattern
+    # runs); several tuples may start with the same string.
+    needles: tuple[str | tuple[str, ...], ...] = ()
+    keys: tuple[str, ...] = field(init=False)  # the searched-for parts, in lower case
+    # key -> the sets of other parts one of which must come with it (absent: none needed)
+    also: dict[str, tuple[tuple[str, ...], ...]] = field(init=False)
+    exact: tuple[str, ...] = field(init=False)  # a case-sensitive pattern's keys as written
+
+    def __post_init__(self) -> None:
+        if not self.needles:
+            raise ValueError(f"rule {self.signature} names no needles")
+        keys: dict[str, list[tuple[str, ...]]] = {}
+        firsts = []
+        for needle in self.needles:
+            first, *rest = (needle,) if isinstance(needle, str) else needle
+            keys.setdefault(first.lower(), []).append(tuple(part.lower() for part in rest))
+            firsts.append(first)
+        object.__setattr__(self, "keys", tuple(keys))
+        object.__setattr__(self, "also", {k: tuple(v) for k, v in keys.items() if all(v)})
+        exact = () if self.pattern.flags & re.IGNORECASE else tuple(dict.fromkeys(firsts))
+        object.__setattr__(self, "exact", exact)
+
+    def categories(self) -> frozenset[str]:
+        """What a finding of this rule can change in the result (see :data:`CATEGORIES`)."""
+        cats = {category(self.kind, self.tier)}
+        if self.figures is not None:
+            cats.add("t4")  # figures of an impossible size make it "other", tier 4
+        if self.signature == "disk_full":
+            cats.add("oom")  # a full /dev/shm after a DataLoader traceback is host memory
+        return frozenset(cats)
+
+
+# What a finding can decide, which is what the scanner still looks for: "oom" (any out-of-memory
+# message), "event" / "done" (the launcher's own oom / done lines), "t1".."t4" (other failures by
+# tier), "weak" (a bare SIGKILL).
+CATEGORIES = ("oom", "event", "done", "t1", "t2", "t3", "t4", "weak")
+
+
+def category(kind: str, tier: int) -> str:
+    if kind in (GPU_OOM, HOST_OOM):
+        return "oom"
+    if kind == SIGKILL:
+        return "weak"
+    return f"t{tier}"
+
+
+def _n(*phrases: str | tuple[str, ...]) -> tuple[str | tuple[str, ...], ...]:
+    """Needles, as written. A line is searched for them in lower case ("Killed", "killed" and
+    "KILLED" are one needle), as most rules match; a case-sensitive rule also checks them as
+    written before its pattern runs."""
+    return tuple(dict.fromkeys(phrases))
+
+
+def _lower(*phrases: str) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(phrase.lower() for phrase in phrases))
+
+
+# How an exit status is reported: "exit code", "exit_status", "ExitCode", "exited with", "non-zero
+# (exit) status".
+_EXIT_WORDS = _lower("exit code", "exit_code", "exitcode", "exit status", "exit_status",
+                     "exited with", "non-zero")
+
+
+# "OOM" as a word (\bOOM\b), not inside "room" or "zoom": each character that can come before it.
+# (At the start of a line it can only be "OOM error", a needle of its own.)
+_WORD_OOM = tuple(c + "oom" for c in " \t!\"#$%&'()*+,-./:;<=>?@[\\]^`{|}~")
 
 
 def _rx(pattern: str, flags: int = 0) -> re.Pattern[str]:
@@ -81,92 +156,135 @@ _SHM_CONTEXT = r"(?:/dev/shm|</?torch_\d|\bshm\b|shared memory|share_memory|stor
 RULES: tuple[Rule, ...] = (
     # --- not memory, although the words say so -------------------------------------------
     Rule("impossible_allocation_size",
-         _rx(r"Tried to allocate more than \d+(?:\.\d+)?\s*[PE]i?B", _I), OTHER, 4),
-    Rule("illegal_memory_access", _rx(r"illegal memory access|misaligned address", _I), OTHER, 1),
+         _rx(r"Tried to allocate more than \d+(?:\.\d+)?\s*[PE]i?B", _I), OTHER, 4,
+         needles=_n("to allocate")),
+    Rule("illegal_memory_access", _rx(r"illegal memory access|misaligned address", _I), OTHER, 1,
+         needles=_n("illegal memory access", "misaligned address")),
     # --- PyTorch allocators: CUDA, ROCm (HIP), XPU, MTIA, MPS -----------------------------
     Rule("torch.OutOfMemoryError",
          _rx(r"(?:CUDA|HIP|XPU|MTIA|NPU|MUSA) out of memory|MPS backend out of memory|"
              r"\btorch\.(?:cuda\.)?OutOfMemoryError\b|\bcuda runtime error \(2\)\s*:\s*out of mem",
              _I),
-         GPU_OOM, figures=torch_figures),
+         GPU_OOM, figures=torch_figures,
+         needles=_n("CUDA out of mem", "HIP out of mem", "XPU out of mem", "MTIA out of mem",
+                    "NPU out of mem", "MUSA out of mem", "MPS backend out of mem",
+                    "OutOfMemoryError", "runtime error (2)")),
     # --- the CPU allocator and host memory ------------------------------------------------
+    # Since 1.x: "DefaultCPUAllocator: can't allocate memory: you tried to allocate N bytes. Error
+    # code 12 (Cannot allocate memory)"; Windows: "... not enough memory: you tried to allocate N
+    # bytes."; before that (Caffe2's enforce, PyTorch 1.0): "[enforce fail at CPUAllocator.cpp:56]
+    # posix_memalign(&data, gAlignment, nbytes) == 0. 12 vs 0", errno 12 being ENOMEM (22,
+    # EINVAL, is a bad alignment, not memory).
     Rule("DefaultCPUAllocator",
-         _rx(r"DefaultCPUAllocator: (?:can't allocate memory|not enough memory)", _I), HOST_OOM,
-         figures=other_figures),
+         _rx(r"DefaultCPUAllocator: (?:can't allocate memory|not enough memory)|"
+             r"posix_memalign\s*\([^)\n]{0,120}\)\s*==\s*0\W{0,4}12 vs 0\b|"
+             r"posix_memalign[^\n]{0,200}?(?:\bENOMEM\b|Cannot allocate memory|"
+             r"\b(?:error code|errno|err)\s*[=:]?\s*12\b)", _I), HOST_OOM,
+         figures=other_figures, needles=_n("DefaultCPUAllocator", "posix_memalign")),
     Rule("dataloader_bus_error",
          _rx(r"(?:DataLoader worker \(pid[^)]*\) is killed by signal: Bus error|"
              r"Unexpected bus error encountered in worker|insufficient shared memory)", _I),
-         HOST_OOM, cause="shared_memory"),
+         HOST_OOM, cause="shared_memory",
+         needles=_n("bus error", "insufficient shared memory")),
     Rule("shm_exhausted",
          _rx(r"(?:unable to (?:write to|mmap|allocate|open|resize)[^\n]{0,40}</?torch_\d"
              r"[^\n]{0,120}(?:No space left|Cannot allocate memory|errno[ =:]*(?:28|12)|"
              r"out of memory)|No space left on device[^\n]{0,80}" + _SHM_CONTEXT + r"|"
              + _SHM_CONTEXT + r"[^\n]{0,160}(?:No space left on device|Errno 28|"
              r"Cannot allocate memory|out of memory|exhausted|is full))", _I),
-         HOST_OOM, cause="shared_memory"),
-    Rule("too_many_open_files", _rx(r"Too many open files|EMFILE", _I), OTHER, 1),
+         HOST_OOM, cause="shared_memory",
+         needles=_n("<torch_", "</torch_", "003ctorch_", "003c/torch_", "no space left", "shm",
+                    "shared memory", "share_memory", "storage_share")),
+    Rule("too_many_open_files", _rx(r"Too many open files|EMFILE", _I), OTHER, 1,
+         needles=_n("Too many open files", "EMFILE")),
     Rule("dataloader_killed",
-         _rx(r"DataLoader worker \(pid[^)]*\) is killed by signal: Killed", _I), HOST_OOM),
+         _rx(r"DataLoader worker \(pid[^)]*\) is killed by signal: Killed", _I), HOST_OOM,
+         needles=_n("killed by signal")),
     Rule("kernel_oom_killer",
          _rx(r"Out of memory: Kill(?:ed)? process|Memory cgroup out of memory|invoked oom-killer|"
              r"\boom-kill:|oom_kill_process|oom_reaper: reaped|\bKilled process \d+|"
              r"Detected \d+ oom[-_ ]kill event|cgroup out-of-memory handler|"
              r"task \d+: Out Of Memory|State=OUT_OF_MEMORY|\bOUT_OF_MEMORY\b(?!:)", _I),
-         HOST_OOM),
+         HOST_OOM,
+         needles=_n("out of memory: kill", "memory cgroup", "oom-kill", "oom_kill", "oom kill",
+                    "oom_reaper", "killed process", "out-of-memory handler", ": out of memory",
+                    "out_of_memory")),
     Rule("OOMKilled", _rx(r"\bOOMKilled\b|reason:\s*OOMKilled|OOMKilled\"?\s*[:=]\s*true"),
-         HOST_OOM, unless=_rx(r"OOMKilled\"?\s*[:=]\s*false", _I)),
+         HOST_OOM, unless=_rx(r"OOMKilled\"?\s*[:=]\s*false", _I), needles=_n("OOMKilled")),
     Rule("platform_out_of_memory",
          _rx(r"\bran out[- ]of[- ]memory and exited|\breplica \S+ ran out[- ]of[- ]memory|"
              r"instance type with more memory|OutOfMemoryError: Please use|"
              r"out of memory \(OOM\)|\bOutOfMemory: Please|exceeded (?:its |the )?memory limit|"
              r"memory limit exceeded|Container killed .{0,60}(?:memory|OOM)|"
              r"running low on memory|java\.lang\.OutOfMemoryError", _I),
-         HOST_OOM),
+         HOST_OOM,
+         needles=_n("memory and exited", ("ran out", "memory"), "more memory", "OutOfMemory",
+                    "out of memory (OOM)", "memory limit", "container killed", "low on memory")),
     # --- other GPU libraries ----------------------------------------------------------------
-    Rule("CUBLAS_STATUS_ALLOC_FAILED", _rx(r"CUBLAS_STATUS_ALLOC_FAILED"), GPU_OOM),
+    Rule("CUBLAS_STATUS_ALLOC_FAILED", _rx(r"CUBLAS_STATUS_ALLOC_FAILED"), GPU_OOM,
+         needles=_n("CUBLAS_STATUS_ALLOC_FAILED")),
     Rule("CUDNN_STATUS_ALLOC_FAILED",
          _rx(r"CUDNN_STATUS_(?:ALLOC_FAILED|NOT_ENOUGH_MEMORY|INTERNAL_ERROR_HOST_ALLOCATION)"),
-         GPU_OOM),
+         GPU_OOM, needles=_n("CUDNN_STATUS_")),
     Rule("nccl_cuda_out_of_memory",
          _rx(r"Cuda failure '?out of memory|NCCL[^\n]{0,200}\bout of memory|"
              r"ncclUnhandledCudaError[^\n]{0,200}out of memory", _I),
-         GPU_OOM),
+         GPU_OOM, needles=_n(("out of memory", "Cuda failure"), ("out of memory", "NCCL"))),
     Rule("cuda_runtime_out_of_memory",
          _rx(r"CUDA_ERROR_OUT_OF_MEMORY|cudaErrorMemoryAllocation|hipErrorOutOfMemory|"
              r"CUDA (?:driver )?error: out of memory|\bCUDA error 2\b|CUresult 2\b", _I),
-         GPU_OOM, figures=other_figures),
+         GPU_OOM, figures=other_figures,
+         needles=_n("CUDA_ERROR_OUT_OF_MEMORY", "cudaErrorMemoryAllocation",
+                    "hipErrorOutOfMemory", "CUDA error", "CUDA driver error", "CUresult 2")),
     # --- TensorFlow, XLA, JAX -------------------------------------------------------------
     Rule("xla_resource_exhausted",
          _rx(r"RESOURCE_EXHAUSTED:?[^\n]{0,80}(?:memory|allocat|OOM)|"
              r"(?:XlaRuntimeError|jaxlib)[^\n]{0,80}out of memory|BufferAssignment OOM|"
              r"Attempting to (?:reserve|allocate) \S+ (?:at the bottom of memory\. )?"
              r"That was not possible", _I),
-         GPU_OOM, figures=other_figures),
+         GPU_OOM, figures=other_figures,
+         needles=_n("RESOURCE_EXHAUSTED", "XlaRuntimeError", "jaxlib", "BufferAssignment OOM",
+                    "That was not possible")),
     Rule("tensorflow_oom",
          _rx(r"OOM when allocating tensor|Allocator \([^)]*\) ran out of memory|"
              r"Resource ?exhausted:?[^\n]{0,40}\b(?:OOM|out of memory)|"
              r"ResourceExhaustedError:?[^\n]{0,60}(?:allocat|memory)|"
              r"failed to allocate \S+ \(\d+ bytes\) from device", _I),
-         GPU_OOM, figures=other_figures),
+         GPU_OOM, figures=other_figures,
+         needles=_n("OOM when allocating", "Allocator (", "Resource exhausted", "ResourceExhausted",
+                    "failed to allocate")),
     # Some other framework's OutOfMemoryError (Ray's, a Java driver's): GPU or host as it says.
     Rule("gpu_out_of_memory_exception",
          _rx(r"\b\w*OutOfMemory(?:Error|Exception)\b(?=[^\n]{0,200}\b(?:GPU|CUDA|HIP|device|"
-             r"VRAM|HBM)\b)"), GPU_OOM, figures=torch_figures),
-    Rule("out_of_memory_exception", _rx(r"\b\w*OutOfMemory(?:Error|Exception)\b"), HOST_OOM),
+             r"VRAM|HBM)\b)"), GPU_OOM, figures=torch_figures, needles=_n("OutOfMemory")),
+    Rule("out_of_memory_exception", _rx(r"\b\w*OutOfMemory(?:Error|Exception)\b"), HOST_OOM,
+         needles=_n("OutOfMemory")),
     # --- host memory, generic -------------------------------------------------------------
     Rule("MemoryError",
          _rx(r"(?<![A-Za-z])(?:_Array)?MemoryError\b|std::bad_alloc|\bbad_alloc\b|"
              r"Cannot allocate memory|\bENOMEM\b|Unable to allocate \S+ \S+ for an array"),
-         HOST_OOM, figures=other_figures),
+         HOST_OOM, figures=other_figures,
+         needles=_n("MemoryError", "bad_alloc", "Cannot allocate memory", "ENOMEM",
+                    "Unable to allocate")),
+    # The shell's "Killed": a line of its own (dash, a tqdm bar's line ended by the kill), bash's
+    # "line 12:  4021 Killed   python train.py", an interactive "[1]+ Killed ...", zsh's
+    # "zsh: killed  python train.py". Not a word that merely ends or starts a sentence ("... the
+    # test Killed"): that read random text as host memory (issue 16). A line that is only the word
+    # is the shell's report, whatever surrounds it.
     Rule("shell_killed",
-         _rx(r"(?<![A-Za-z_])Killed\s*$|^\s*Killed(?::\s*9)?\s*$|\b\d+\s+Killed\s+\S|"
-             r"(?:^|\s)Killed\s+(?:python|torchrun|accelerate|deepspeed)"),
-         HOST_OOM, unless=_rx(r"Killed by|Killed(?: the)? (?:job|worker|process group)", _I)),
+         _rx(r"^\s*Killed(?::\s*9)?\s*$|(?<=[^\sA-Za-z0-9_])Killed\s*$|"
+             r"\b[Ll]ine \d+:\s+\d+\s+Killed\b|^\s*(?:\[\d+\][+-]?\s+)?\d*\s*Killed\s{2,}\S|"
+             r"^\s*Killed\s+(?:python\S*|torchrun|accelerate|deepspeed)\b|\bzsh: killed\s+\S"),
+         HOST_OOM, unless=_rx(r"Killed by|Killed(?: the)? (?:job|worker|process group)", _I),
+         needles=_n("Killed", "zsh: killed")),
     Rule("generic_out_of_memory",
          _rx(r"(?:Error|Exception|FATAL|Fatal|fatal|error)\b[^\n]{0,60}\b(?:out of memory|"
              r"OOM\b)|^\s*(?:GPU|CUDA|device) (?:OOM|out of memory)\b|\bOOM error\b", _I),
          GPU_OOM, figures=torch_figures,
-         unless=_rx(r"avoid (?:an? )?(?:out of memory|OOM)|to prevent (?:an? )?OOM", _I)),
+         unless=_rx(r"avoid (?:an? )?(?:out of memory|OOM)|to prevent (?:an? )?OOM", _I),
+         needles=_n("OOM error", *((word, also) for word in ("out of memory", *_WORD_OOM)
+                                   for also in ("error", "exception", "fatal", "GPU", "CUDA",
+                                                "device")))),
     # --- a process killed by a signal: weak evidence of the kernel OOM killer -------------
     Rule("sigkill",
          _rx(r"\bSIGKILL\b|\b[Ss]ignal 9\b|\bsignal: killed\b|"
@@ -174,49 +292,63 @@ RULES: tuple[Rule, ...] = (
              r"(?:status|code))(?: of)?\"?\s*[:=]?\s*\(?(?:137|-9)\b|"
              r"non-zero (?:exit )?status(?: of)? (?:137|-9)\b|status of 9\s*\(SIGKILL|"
              r"ExitCode[:\s]+137\b|exit code:? 137\b", _I),
-         SIGKILL, 3),
+         SIGKILL, 3, needles=_n("SIGKILL", "signal 9", "signal: killed", *_EXIT_WORDS)),
     # --- failures of another kind ---------------------------------------------------------
-    Rule("device_side_assert", _rx(r"device-side assert|Assertion [`'].*[`'] failed", _I),
-         OTHER, 1),
+    Rule("device_side_assert",
+         _rx(r"device-side assert|Assertion [`'][^\n]{0,400}?[`'] failed", _I), OTHER, 1,
+         needles=_n("device-side assert", "Assertion `", "Assertion '")),
     Rule("preemption",
          _rx(r"\b(?:was|been|being|got|is being) preempted\b|\bpreemption (?:notice|signal|event|"
              r"detected|warning)|\bPreempted\b|\bPREEMPTED\b|spot (?:instance )?interruption|"
              r"instance (?:was |has been )?reclaimed|capacity.{0,20}reclaimed|preemptible VM",
              _I),
-         OTHER, 1),
+         OTHER, 1, needles=_n("preempt", "interruption", "reclaimed")),
     Rule("disk_full",
          _rx(r"No space left on device|\[Errno 28\]|\bENOSPC\b|Disk quota exceeded", _I),
-         OTHER, 1),
+         OTHER, 1, needles=_n("No space left", "Errno 28", "ENOSPC", "Disk quota")),
     Rule("cuda_error",
          _rx(r"CUDA error:|CUDA kernel errors might be asynchronously reported|"
              r"unspecified launch failure|CUBLAS_STATUS_\w+|CUDNN_STATUS_\w+|cuDNN error|"
              r"CuDNN error|\bcudaError\w+|NVML_SUCCESS == r INTERNAL ASSERT", _I),
-         OTHER, 1),
+         OTHER, 1,
+         needles=_n("CUDA error", "CUDA kernel errors", "unspecified launch failure",
+                    "CUBLAS_STATUS_", "CUDNN_STATUS_", "cuDNN error", "cudaError",
+                    "NVML_SUCCESS")),
     Rule("segfault", _rx(r"Segmentation fault|\bSIGSEGV\b|\bSIGBUS\b|Bus error|"
-                         r"Fatal Python error", _I), OTHER, 1),
+                         r"Fatal Python error", _I), OTHER, 1,
+         needles=_n("Segmentation fault", "SIGSEGV", "SIGBUS", "Bus error",
+                    "Fatal Python error")),
     Rule("nccl_timeout",
          _rx(r"Watchdog caught collective operation timeout|collective operation timeout|"
              r"Timeout\(ms\)=\d+\) ran for|NCCL[^\n]{0,80}tim(?:ed|ing) ?out|"
              r"Some NCCL operations have failed or timed out|DistStoreError|"
              r"Socket Timeout|timed out after \d+", _I),
-         OTHER, 3),
+         OTHER, 3,
+         needles=_n("collective operation timeout", "Timeout(ms)", "timed out", "timedout",
+                    "timing out", "timingout", "DistStoreError", "Socket Timeout")),
     Rule("nccl_error",
          _rx(r"\bNCCL error\b|\bnccl\w*Error\b|ProcessGroupNCCL[^\n]{0,80}(?:abort|error)|"
              r"NCCL communicator (?:was )?aborted|DistBackendError|Connection reset by peer|"
              r"Broken pipe|remote process exited|peer closed", _I),
-         OTHER, 3),
+         OTHER, 3,
+         needles=_n("NCCL error", ("error", "nccl"), "ProcessGroupNCCL", "NCCL communicator",
+                    "DistBackendError", "Connection reset", "Broken pipe", "remote process exited",
+                    "peer closed")),
     # Wrappers that report a worker's exit, not a failure of their own: torchrun's summary,
     # SageMaker's "AlgorithmError: ExecuteUserScriptError: ... exit code: N".
     Rule("child_failed",
          _rx(r"ChildFailedError|SignalException|worker group failed|AlgorithmError|"
              r"ExecuteUserScriptError", _I),
-         OTHER, 4),
+         OTHER, 4,
+         needles=_n("ChildFailedError", "SignalException", "worker group failed",
+                    "AlgorithmError", "ExecuteUserScriptError")),
     Rule("sigterm",
          _rx(r"\bSIGTERM\b|\b[Ss]ignal 15\b|\bexit(?:[ _]?code|[ _]status)\s*[:=]?\s*"
              r"(?:-15|143)\b|non-zero (?:exit )?status(?: of)? (?:143|-15)\b", _I),
-         OTHER, 4),
+         OTHER, 4, needles=_n("SIGTERM", "signal 15", *_EXIT_WORDS)),
     Rule("dataloader_exited",
-         _rx(r"DataLoader worker \(pid\(?s?\)?[^)]*\) exited unexpectedly", _I), OTHER, 3),
+         _rx(r"DataLoader worker \(pid\(?s?\)?[^)]*\) exited unexpectedly", _I), OTHER, 3,
+         needles=_n("exited unexpectedly")),
 )
 
 # A Python exception line, the last line of a traceback: "RuntimeError: ...", "torch.x.YError".
@@ -234,12 +366,131 @@ _EXIT_STATUS = re.compile(
     r"\s*\(?(-?\d+)", re.IGNORECASE
 )
 _TRACEBACK = re.compile(r"Traceback \(most recent call last\)")
+# The generic readings' needles: _EXCEPTION's names end in one of these words, _EXIT_STATUS says
+# exit or non-zero, _TRACEBACK is its header.
+# (Names ending in "Exit" are SystemExit and GeneratorExit, or any followed by a colon.)
+_EXCEPTION_NEEDLES = _lower("Error", "Exception", "Interrupt", "Exit:", "SystemExit",
+                            "GeneratorExit")
+_EXIT_NEEDLES = _EXIT_WORDS
+_TRACEBACK_NEEDLES = _lower("Traceback (most recent call last)")
+
+# Words that name a managed platform (Vertex AI, AI Platform / Cloud ML Engine, SageMaker): where
+# nothing but the kernel's OOM killer sends an unannounced SIGKILL. Looked for in the lines that
+# are classified and around a SIGKILL (the platform's own report of the exit is next to it), not
+# searched for through the whole log.
+PLATFORM = re.compile(
+    r"ml\.googleapis\.com|runcloudml|cloudml|aiplatform|workerpool\d|The replica |[Ss]age[Mm]aker|"
+    r"/opt/ml/|AlgorithmError|ExecuteUserScriptError|\balgo-\d+\b|cmle-training|Vertex AI|"
+    r"vertex-ai|vertex_ai"
+)
+
+
+def names_platform(text: str) -> bool:
+    """Whether ``text`` names a managed platform (PLATFORM), checked for a few words first: the
+    expression itself would try each position of a line that may be a megabyte long."""
+    return _PLATFORM_WORDS.any(text.lower()) and PLATFORM.search(text) is not None
+
+
+# The launcher's own lines that matter: {"launch": "oom", ...} and {"launch": "done", ...} (also
+# JSON-escaped inside a Cloud Logging entry: \"oom\").
+_EVENT_NEEDLES = ('"oom', '"done')
+
+
+def _needle_categories() -> dict[str, frozenset[str]]:
+    table: dict[str, set[str]] = {}
+
+    def add(needles: tuple[str, ...], cats: frozenset[str] | set[str]) -> None:
+        for needle in needles:
+            table.setdefault(needle, set()).update(cats)
+
+    for rule in RULES:
+        add(rule.keys, rule.categories())
+    add(_EXCEPTION_NEEDLES, {"t2", "t3"})
+    add(_EXIT_NEEDLES, {"t4"})
+    add(_TRACEBACK_NEEDLES, {"t4"})
+    add(_EVENT_NEEDLES[:1], {"event"})
+    add(_EVENT_NEEDLES[1:], {"done"})
+    return {needle: frozenset(cats) for needle, cats in table.items()}
+
+
+# Every needle and what a line holding it may decide: the scanner searches for the needles of the
+# categories still open (``._watch.LogWatcher`` says which).
+NEEDLE_CATEGORIES: dict[str, frozenset[str]] = _needle_categories()
+
+
+def _has(text: str, needles: tuple[str, ...]) -> bool:
+    for needle in needles:  # noqa: SIM110 (a loop: any() over a generator costs twice as much)
+        if needle in text:
+            return True
+    return False
+
+
+# A rough order of character frequency in logs and prose, most frequent first.
+_COMMON = " etaonisrhldcumpfgywb.,:/-_\"'0123456789vkxjqz()[]<>="
+
+
+def _rarity(char: str) -> int:
+    i = _COMMON.find(char)
+    return len(_COMMON) - i if i >= 0 else 0  # lower is rarer; characters not listed are rarest
+
+
+class NeedleIndex:
+    """Which of many lower-case needles a lower-cased text holds, in a few ``in`` tests: the
+    needles are grouped under keys, three-character substrings that many of them share ("mem",
+    "oom", "exi"), so a text is tested for a few dozen keys and only the groups of those it holds
+    are tested needle by needle."""
+
+    def __init__(self, needles: Iterable[str]) -> None:
+        left = list(dict.fromkeys(needles))
+        groups: dict[str, tuple[str, ...]] = {}
+        while left:  # greedy cover: the key shared by most needles first
+            counts: dict[str, int] = {}
+            for needle in left:
+                for sub in {needle[i:i + 3] for i in range(max(1, len(needle) - 2))}:
+                    counts[sub] = counts.get(sub, 0) + 1
+            key = max(counts, key=lambda k: (counts[k], -sum(map(_rarity, k)), k))
+            groups[key] = tuple(n for n in left if key in n)
+            left = [n for n in left if key not in n]
+        self._groups = tuple(groups.items())
+
+    def present(self, low: str) -> list[str]:
+        return [needle for key, group in self._groups if key in low
+                for needle in group if needle in low]
+
+    def any(self, low: str) -> bool:
+        for key, group in self._groups:  # noqa: SIM110 (faster than any())
+            if key in low and _has(low, group):
+                return True
+        return False
+
+
+# needle -> the rules that name it, with the parts each needs with it
+_RULES_OF: dict[str, tuple[tuple[int, tuple[tuple[str, ...], ...]], ...]] = {}
+for _i, _rule in enumerate(RULES):
+    for _key in _rule.keys:
+        _RULES_OF[_key] = (*_RULES_OF.get(_key, ()), (_i, _rule.also.get(_key, ())))
+_RULE_NEEDLES = NeedleIndex(_RULES_OF)
+# What every PLATFORM match holds, in lower case.
+_PLATFORM_WORDS = NeedleIndex(("googleapis", "cloudml", "aiplatform", "workerpool", "the replica ",
+                               "sagemaker", "/opt/ml/", "algorithmerror", "executeuserscripterror",
+                               "algo-", "cmle-training", "vertex ai", "vertex-ai", "vertex_ai"))
 
 
 def classify(text: str) -> tuple[Rule | None, re.Match[str] | None, str]:
     """The first rule that matches ``text``; for a text no rule matches, a generic exception or a
-    non-zero exit status is still a failure (signature ``exception:<Name>`` / ``exit_status``)."""
-    for rule in RULES:
+    non-zero exit status is still a failure (signature ``exception:<Name>`` / ``exit_status``).
+
+    A rule is tried only if one of its needles is in the text (in lower case)."""
+    low = text.lower()
+    present = _RULE_NEEDLES.present(low)
+    if not present:
+        return None, None, ""
+    tried = {i for needle in present for i, also in _RULES_OF[needle]
+             if not also or any(all(part in low for part in parts) for parts in also)}
+    for i in sorted(tried):
+        rule = RULES[i]
+        if rule.exact and not _has(text, rule.exact):
+            continue
         match = rule.pattern.search(text)
         if match is None:
             continue
@@ -249,10 +500,33 @@ def classify(text: str) -> tuple[Rule | None, re.Match[str] | None, str]:
     return None, None, ""
 
 
+_TAIL_WORDS = ("Error", "Exception", "Exit", "Interrupt")
+
+
+def _exception_tail(text: str) -> bool:
+    """Whether ``text`` could hold what _EXCEPTION matches, checked without it (a regular
+    expression that starts with an alternation tries every position): a name's last word glued
+    to a word character before it ("RuntimeError", not "an Error") and followed by a colon and a
+    space, or ending the text."""
+    for word in _TAIL_WORDS:
+        i = text.find(word, 1)
+        while i > 0:
+            j = i + len(word)
+            if text[i - 1].isalnum() or text[i - 1] == "_":
+                rest = text[j:]
+                if not rest.strip() or rest[0] == ":" and (
+                        len(rest) == 1 or rest[1].isspace() or not rest[1:].strip()):
+                    return True
+            i = text.find(word, j)
+    return False
+
+
 def generic(text: str) -> tuple[str, int, int] | None:
     """(signature, tier, start) of a failure no rule names: an uncaught exception, a non-zero exit
     status, or a traceback header. None when the text reports no failure."""
-    match = _EXCEPTION.search(text)
+    low = text.lower()
+    match = _EXCEPTION.search(text) if (
+        _has(low, _EXCEPTION_NEEDLES) and _exception_tail(text)) else None
     if match:
         name = match.group(1).rsplit(".", 1)[-1]
         if name in ("Warning", "DeprecationWarning", "UserWarning"):
@@ -261,10 +535,10 @@ def generic(text: str) -> tuple[str, int, int] | None:
         if name == "SystemExit" and re.search(r"SystemExit:\s*0\b", text):
             return None
         return f"exception:{name}", tier, match.start(1)
-    match = _EXIT_STATUS.search(text)
+    match = _EXIT_STATUS.search(text) if _has(low, _EXIT_NEEDLES) else None
     if match and match.group(1) not in ("0", "-0"):
         return "exit_status", 4, match.start()
-    match = _TRACEBACK.search(text)
+    match = _TRACEBACK.search(text) if _TRACEBACK_NEEDLES[0] in low else None
     if match:
         return "traceback", 4, match.start()
     return None

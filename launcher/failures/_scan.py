@@ -1,16 +1,15 @@
 """Reading a whole log file fast and in bounded memory.
 
 A 1 GiB multi-rank log is almost all metrics lines. Handing every line to Python would cost a
-microsecond or more each; instead the file is read in 4 MiB chunks, each chunk is searched for a
-few anchors at C speed (``bytes.find`` of a rare first byte is memchr), and only the lines around
-a hit (the traceback before it, the chained one after it) are decoded and fed to the
-:class:`~launcher.failures._watch.LogWatcher`, which applies the full rules.
-
-The anchors are chosen so that every failure *ends* with at least one of them: an exception line
-("...Error:"), an exit status, "Killed", SIGxxx, NCCL's watchdog, an abort, a preemption notice,
-CUDA's and the CPU allocator's own words, the launcher's ``oom`` line. A rule's message more than
-a context window away from any anchor would be seen by :func:`launcher.failures.explain_lines` but
-not here; no log the tests know has one (the tests check that both agree on every fixture).
+microsecond or more each; instead the file is read in 4 MiB chunks, each chunk is searched at C
+speed for the needles of the findings that could still change the answer (:mod:`._anchors`, the
+same test the :class:`~launcher.failures._watch.LogWatcher` applies to each line it is given), and
+only those candidate lines are decoded and fed to the watcher, with the lines that continue them
+(a message cut over lines, the traceback chained after an error) for as long as it asks for them.
+The lines before a candidate are not fed: the watcher reads them back through a function lent
+with the line, only when a finding needs its traceback. So :func:`explain_file` reads exactly what
+:func:`explain_lines` would classify, and a chunk costs a few passes of ``find`` plus a Python step
+per candidate line; once the root cause is in, most needles drop out and later chunks cost less.
 
 A line longer than :data:`MAX_LINE` (a flattened log, a binary file) is never held whole: it is
 scanned piecewise and only the 4 KiB around each hit (64 at most) is kept.
@@ -24,15 +23,18 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import BinaryIO
 
-from launcher.failures._anchors import anchor_hits
+from launcher.failures._anchors import NeedleSet
 from launcher.failures._diagnosis import Diagnosis
-from launcher.failures._watch import AFTER_LINES, CONTEXT_LINES, MAX_LINE, LogWatcher
+from launcher.failures._watch import CONTEXT_LINES, MAX_LINE, ContextSource, LogWatcher
 
 CHUNK = 4 << 20
 _WINDOW = 2048  # bytes kept either side of a hit inside an over-long line
 _MAX_WINDOWS = 64
-_TAIL_BYTES = 4096  # a context line kept from the previous chunk is cut to this
+_CTX_BYTES = 8192  # a line read back for context is cut to this
+_MIN_SLICE = 32 << 10  # a region is searched this much at a time after a finding, ...
+_MAX_SLICE = 1 << 20  # ... and twice as much each time up to this once findings stop
 _SLACK = 64 << 10  # room past CHUNK for what a long line's reads leave over
+
 
 @dataclasses.dataclass
 class ScanStats:
@@ -47,16 +49,32 @@ class _Scanner:
     def __init__(self, watcher: LogWatcher) -> None:
         self.watcher = watcher
         self.stats = ScanStats()
-        self.fed_upto = 0  # the last line number handed to the watcher
-        self.feed_until = 0  # lines up to this number must be fed (the context after a hit)
+        # The last lines of the regions before the current one: context for a finding early in it.
         self.tail: deque[tuple[int, bytes]] = deque(maxlen=CONTEXT_LINES)
+        self.slice = _MIN_SLICE
 
-    def _feed(self, lineno: int, raw: bytes | bytearray) -> None:
-        if lineno <= self.fed_upto:
-            return
-        self.fed_upto = lineno
+    def _feed(self, lineno: int, raw: bytes | bytearray, context: ContextSource,
+              candidate: NeedleSet | None = None) -> None:
         self.stats.lines_fed += 1
-        self.watcher.feed_numbered(lineno, raw.decode("utf-8", "replace"))
+        self.watcher.feed_numbered(lineno, raw.decode("utf-8", "replace"), context, candidate)
+
+    def _context(self, buf: bytearray | bytes, start: int, lineno: int) -> ContextSource:
+        """The lines before line ``lineno`` (which starts at ``buf[start]``; the region's first
+        line starts at offset 0, lines before it are in the tail), read only if asked for."""
+
+        def lines(lo: int) -> list[tuple[int, str]]:
+            out: list[tuple[int, bytes]] = []
+            n, pos = lineno, start
+            while n > lo and pos > 0:
+                prev = buf.rfind(b"\n", 0, pos - 1) + 1
+                out.append((n - 1, bytes(buf[prev:min(pos - 1, prev + _CTX_BYTES)])))
+                n, pos = n - 1, prev
+            if n > lo:
+                out.extend((m, raw) for m, raw in self.tail if lo <= m < n)
+            out.sort(key=lambda item: item[0])
+            return [(m, raw.decode("utf-8", "replace")) for m, raw in out]
+
+        return lines
 
     def region(self, buf: bytearray | bytes, end: int, first: int, final: bool) -> int:
         """Handle the complete lines in ``buf[:end]`` (line ``first`` starts at offset 0);
@@ -67,53 +85,66 @@ class _Scanner:
         if n_lines == 0:
             return 0
         last = first + n_lines - 1
-        # Line numbers and start offsets of the lines with a hit (one entry per line).
-        hit_lines: list[tuple[int, int]] = []
-        pos, line, line_end = 0, first, -1
-        for h in anchor_hits(buf, 0, end):
-            if h < line_end:
-                continue
-            start = buf.rfind(b"\n", 0, h) + 1
-            line += buf.count(b"\n", pos, start)
-            pos = start
-            nl = buf.find(b"\n", h, end)
-            line_end = end if nl < 0 else nl + 1
-            hit_lines.append((line, start))
-        # Lines still owed from a hit near the end of the previous chunk.
-        if self.feed_until >= first:
-            self._walk(buf, end, first, 0, min(self.feed_until, last))
-        for line, start in hit_lines:
-            lo = line - CONTEXT_LINES
-            while self.tail and self.tail[0][0] < lo:
-                self.tail.popleft()
-            for t_line, t_raw in self.tail:  # context from the previous chunk
-                self._feed(t_line, t_raw)
-            self.tail.clear()
-            # Back up to the start of the context window (or the last line already fed).
-            back_line, back_start = line, start
-            while back_line > max(lo, first, self.fed_upto + 1) and back_start > 0:
-                back_start = buf.rfind(b"\n", 0, back_start - 1) + 1
-                back_line -= 1
-            self._walk(buf, end, back_line, back_start, min(line + AFTER_LINES, last))
-            self.feed_until = max(self.feed_until, line + AFTER_LINES)
-        # Keep the last lines as context for a hit early in the next chunk.
-        stop, line = end, last
-        kept: list[tuple[int, bytes]] = []
-        while len(kept) < CONTEXT_LINES and stop > 0 and line > self.fed_upto:
-            start = buf.rfind(b"\n", 0, stop - 1) + 1 if stop > 1 else 0
-            kept.append((line, bytes(buf[start:min(stop, start + _TAIL_BYTES)])))
-            stop, line = start, line - 1
-        self.tail.extend(reversed(kept))
+        watcher = self.watcher
+        pos, line = 0, first
+        if watcher.wants_next() and watcher.last_line == first - 1:
+            # The previous region's last line left a message open: its continuation comes first.
+            pos, line = self._follow(buf, end, pos, line, last)
+        low = buf.lower() if pos < end else b""  # needles match in any case (only [:end] is read)
+        while pos < end:
+            # A slice of the region at a time, so that when a finding makes needles drop out (the
+            # watcher's version changes) little has been searched for in vain: small slices
+            # while findings come, larger ones once they stop.
+            size = self.slice
+            stop = end if end - pos < 2 * size else buf.find(b"\n", pos + size, end) + 1
+            stop = stop or end
+            while pos < stop:
+                version = watcher.version
+                needles = watcher.needles
+                for hit in needles.hits(low, pos, stop, lowered=True):
+                    if hit < pos:
+                        continue  # in a line already fed
+                    k = buf.rfind(b"\n", pos, hit)
+                    start = pos if k < 0 else k + 1
+                    line += buf.count(b"\n", pos, start)
+                    pos, line = self._follow(buf, end, start, line, last, needles)
+                    if watcher.version != version:
+                        self.slice = _MIN_SLICE
+                        break  # fewer needles matter now: search the rest again
+                else:
+                    break
+            if pos < stop:
+                line += buf.count(b"\n", pos, stop)
+                pos = stop
+            self.slice = min(2 * self.slice, _MAX_SLICE)
+        self._keep_tail(buf, end, first, last)
         return n_lines
 
-    def _walk(self, buf: bytearray | bytes, end: int, line: int, start: int, until: int) -> None:
-        """Feed lines ``line``..``until`` of ``buf[:end]``, the first starting at ``start``."""
-        while line <= until and start < end:
-            nl = buf.find(b"\n", start, end)
-            nl = end if nl < 0 else nl
-            if line > self.fed_upto:
-                self._feed(line, buf[start:nl])
-            start, line = nl + 1, line + 1
+    def _follow(self, buf: bytearray | bytes, end: int, pos: int, line: int, last: int,
+                candidate: NeedleSet | None = None) -> tuple[int, int]:
+        """Feed the line at ``pos`` (a candidate for the needle set ``candidate``, if given) and
+        the lines after it for as long as the watcher wants them; returns the offset and number
+        of the next line."""
+        while True:
+            nl = buf.find(b"\n", pos, end)
+            stop = end if nl < 0 else nl
+            self._feed(line, buf[pos:stop], self._context(buf, pos, line), candidate)
+            candidate = None
+            pos, line = stop + 1, line + 1
+            if line > last or pos >= end or not self.watcher.wants_next():
+                return min(pos, end), line
+
+    def _keep_tail(self, buf: bytearray | bytes, end: int, first: int, last: int) -> None:
+        kept: list[tuple[int, bytes]] = []
+        stop = end - 1 if end and buf[end - 1] == 0x0A else end
+        n = last
+        while len(kept) < CONTEXT_LINES and n >= first:
+            start = buf.rfind(b"\n", 0, stop) + 1
+            kept.append((n, bytes(buf[start:min(stop, start + _CTX_BYTES)])))
+            if start == 0:
+                break
+            stop, n = start - 1, n - 1
+        self.tail.extend(reversed(kept))
 
     def long_line(self, head: bytes, stream: BinaryIO) -> tuple[bytes, bytes]:
         """Consume a line of ``MAX_LINE`` bytes or more that starts with ``head``; returns the
@@ -122,6 +153,7 @@ class _Scanner:
         The line is read in pieces that overlap by two windows; a hit too close to the end of a
         piece for its window waits for the next piece, so a message is never cut at a seam."""
         self.stats.longest_cut = True
+        needles = self.watcher.needles
         windows: list[bytes] = []
         buf = head
         consumed = 0  # offset in the whole line of buf[0]
@@ -131,7 +163,7 @@ class _Scanner:
             nl = buf.find(b"\n")
             last_piece = nl >= 0 or eof
             line_end = nl if nl >= 0 else len(buf)
-            for h in anchor_hits(buf, 0, line_end):
+            for h in needles.hits(buf, 0, line_end, limit=_MAX_WINDOWS, skip=_WINDOW):
                 if len(windows) >= _MAX_WINDOWS:
                     break
                 if consumed + h < taken_upto:
@@ -148,6 +180,8 @@ class _Scanner:
             consumed += len(buf) - keep
             data = stream.read(CHUNK)
             self.stats.bytes += len(data)
+            if not self.stats.nul_bytes and b"\x00" in data:
+                self.stats.nul_bytes = True
             eof = not data
             buf = buf[len(buf) - keep:] + data
 
@@ -193,8 +227,8 @@ def scan_stream(stream: BinaryIO, watcher: LogWatcher) -> ScanStats:
                 # A line too long to hold: complete lines first, then that line in windows.
                 lineno += scanner.region(buf, end, lineno, final=False)
                 windows, rest = scanner.long_line(bytes(buf[end:filled]), stream)
-                if windows:
-                    scanner._feed(lineno, windows)
+                scanner._feed(lineno, windows, scanner._context(b"", 0, lineno))
+                scanner.tail.append((lineno, windows[:_CTX_BYTES]))
                 lineno += 1
                 while len(rest) > CHUNK + _SLACK:  # more than one line read past the long one
                     cut = rest.rfind(b"\n", 0, CHUNK) + 1 or CHUNK

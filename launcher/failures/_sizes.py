@@ -33,7 +33,10 @@ _UNIT = {
 }
 
 # A printed size: "20.00 MiB", "0 bytes", "4.44GiB", "32.00M", "1,024 MB".
-SIZE = r"(\d[\d,]*(?:\.\d+)?)\s*((?:[KMGTPE]i?B|[KMGTPE](?![A-Za-z])|bytes?|B)(?![A-Za-z]))?"
+# (A number starts where no digit, comma or point comes before it: trying each digit of a long run
+# as a start would take time quadratic in the run.)
+SIZE = (r"(?<![\d,.])(\d[\d,]*(?:\.\d+)?)\s*"
+        r"((?:[KMGTPE]i?B|[KMGTPE](?![A-Za-z])|bytes?|B)(?![A-Za-z]))?")
 _SIZE_RE = re.compile(SIZE)
 
 # A request no machine could ever serve: the allocator was handed a garbage size (NCCL's "more
@@ -41,11 +44,25 @@ _SIZE_RE = re.compile(SIZE)
 IMPOSSIBLE_BYTES = 1024**5
 
 
+# A figure longer than this many digits is garbage, not a size: read as this many bytes (which is
+# impossible, so the message is not a memory shortage) rather than overflow.
+_MAX_DIGITS = 30
+_GARBAGE_BYTES = 1024**8
+
+
 def to_bytes(number: str, unit: str | None) -> int:
     """``("8.06", "GiB")`` -> 8654358692. Rounds to the nearest byte (the printed number already
     lost more than that)."""
-    value = float(number.replace(",", ""))
-    return int(round(value * _UNIT[(unit or "").lower()]))
+    digits = number.replace(",", "")
+    if len(digits) > _MAX_DIGITS:
+        return _GARBAGE_BYTES
+    value = float(digits) * _UNIT[(unit or "").lower()]
+    return int(round(value)) if value < _GARBAGE_BYTES else _GARBAGE_BYTES
+
+
+def _count(digits: str) -> int:
+    """A byte count printed in full ("(33554432 bytes)"), garbage-proof like :func:`to_bytes`."""
+    return int(digits) if len(digits) <= _MAX_DIGITS else _GARBAGE_BYTES
 
 
 def parse_size(text: str) -> int | None:
@@ -142,7 +159,8 @@ def torch_figures(text: str) -> Figures:
         fig.impossible = True
     match = _GPU.search(text)
     if match:
-        fig.gpu = int(match.group(1) or match.group(2))
+        gpu = _count(match.group(1) or match.group(2))
+        fig.gpu = gpu if gpu < _GARBAGE_BYTES else None
     fig.capacity = _first(_CAPACITY, text)
     fig.allocated = _first(_ALLOCATED, text)
     fig.free = _first(_FREE, text)
@@ -206,7 +224,7 @@ def other_figures(text: str) -> Figures:
     for pattern in _EXACT_BYTES:
         match = pattern.search(text)
         if match:
-            fig.requested = int(match.group(1))
+            fig.requested = _count(match.group(1))
             break
     if fig.requested is None:
         fig.requested = _first(_SIZED_REQUEST, text)
@@ -216,7 +234,7 @@ def other_figures(text: str) -> Figures:
             # TF names the tensor, not its size: shape x element size is exact for a dense tensor.
             size = _DTYPE_BYTES[match.group(2).lower()]
             for dim in re.findall(r"\d+", match.group(1)):
-                size *= int(dim)
+                size = min(size * _count(dim), _GARBAGE_BYTES)
             fig.requested = size
     match = _XLA_FREE.search(text)
     if match:

@@ -3,6 +3,14 @@
 It holds a bounded window of recent lines (the traceback an error ends, for its phase), the first
 findings of each kind, and at most one message still being joined across lines. Memory does not
 grow with the log.
+
+Only *candidate* lines are classified: lines that hold a needle (:mod:`._anchors`) of a finding
+that could still change the answer. The first out-of-memory error settles the root cause, so
+after it only other out-of-memory messages (for their figures, the first 64) and the launcher's
+own lines are looked for; a tier-1 failure makes the exceptions, cascades and exits after it
+irrelevant, and so on (:meth:`LogWatcher.needed`). The other lines are kept as they came, and
+cleaned only when a finding asks for the traceback before it. A log full of failure words, every
+line an exception, therefore costs a few classified lines and then a needle search.
 """
 
 from __future__ import annotations
@@ -10,10 +18,11 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
-from launcher.failures._anchors import anchor_hits
-from launcher.failures._clean import ANSI, Segment, segments, strip_prefixes, text_rank
+from launcher.failures._anchors import NeedleSet, needles_for
+from launcher.failures._clean import ANSI, MAX_SEGMENT, Segment, segments, strip_prefixes, text_rank
 from launcher.failures._diagnosis import (
     Diagnosis,
     advice,
@@ -28,6 +37,7 @@ from launcher.failures._rules import (
     Finding,
     classify,
     generic,
+    names_platform,
     torch_message_complete,
 )
 from launcher.failures._sizes import Figures, torch_figures
@@ -39,20 +49,6 @@ JOIN_LINES = 3  # how many following lines a cut allocator message may continue 
 EXCERPT_CHARS = 600
 _KEEP = 64  # findings kept per kind: the root cause is among the first
 
-# Substrings that any line worth classifying contains (and the file scanner looks for). A line
-# without one of them is only context.
-LINE_PREFILTER = re.compile(
-    r"rror|RROR|xception|xit|XIT|[Kk]ill|KILL|Watchdog|imeout|timed out|SIG|[Ss]ignal|"
-    r"egmentation|reempt|REEMPT|Abort|ALLOC_FAILED|emory|EMORY|OOM|oom|Traceback|bad_alloc|"
-    r"\"launch\": ?\"(?:oom|done)\"|Fatal|FATAL|No space left|Errno|_STATUS_|[Aa]ssert|status of|"
-    r"non-zero|illegal|Broken pipe|Connection reset|reclaim|nterruption|xhausted|XHAUSTED|"
-    r"Bus error|ENOMEM|ENOSPC|quota|exited unexpectedly"
-)
-_PLATFORM = re.compile(
-    r"ml\.googleapis\.com|runcloudml|cloudml|aiplatform|workerpool\d|The replica |[Ss]age[Mm]aker|"
-    r"/opt/ml/|AlgorithmError|ExecuteUserScriptError|\balgo-\d+\b|cmle-training|Vertex AI|"
-    r"vertex-ai|vertex_ai"
-)
 MANAGED_PLATFORMS = frozenset({"vertex", "sagemaker", "cloudml", "aiplatform"})
 _CHAIN = re.compile(r"During handling of the above exception|The above exception was the direct")
 _NEW_MESSAGE = re.compile(
@@ -79,7 +75,7 @@ PHASES: tuple[tuple[str, re.Pattern[str]], ...] = (
         r"\b(?:model|module|net)\w*\.(?:to|cuda)\(|load_state_dict\(|_sync_module_states|"
         r"_sync_params_and_buffers|_verify_param_shape|deepspeed\.initialize\(|"
         r"accelerator\.prepare\(|build_model\(|"
-        r"(?:model|modules|nn/|parallel|layers)[^\"]*\", line \d+, in __init__")),
+        r"(?:model|modules|nn/|parallel|layers)[^\"\n]{0,300}\", line \d+, in __init__")),
     ("checkpoint", re.compile(
         r"torch\.save\(|save_checkpoint|/serialization\.py\", line \d+, in save|"
         r"in save_state_dict|full_state_dict|consolidate_state_dict")),
@@ -98,6 +94,23 @@ PHASES: tuple[tuple[str, re.Pattern[str]], ...] = (
         r"\.to\(device\)")),
 )
 _PHASE_RANK = {name: i for i, (name, _) in enumerate(PHASES)}
+# Strings one of which each phase's pattern needs (as the rules' needles): most context lines hold
+# none, and are passed over without running the patterns.
+_PHASE_NEEDLES: dict[str, tuple[str, ...]] = {
+    "optimizer": ("exp_avg", "optim", "adam", "/zero/stage", "clip_grad_norm"),
+    "init": ("DataParallel(", "FSDP(", "DDP(", "torch.empty", "from_pretrained(", ".to(",
+             ".cuda(", "load_state_dict(", "_sync_module_states", "_sync_params_and_buffers",
+             "_verify_param_shape", "deepspeed.initialize(", "accelerator.prepare(",
+             "build_model(", "__init__"),
+    "checkpoint": ("torch.save(", "save_checkpoint", "/serialization.py", "save_state_dict",
+                   "full_state_dict", "consolidate_state_dict"),
+    "backward": ("backward", "torch/autograd/"),
+    "eval": ("evaluat", "eval", "validat", "predict", "test_step"),
+    "forward": ("forward", "_call_impl", "training_step", "model"),
+    "data": ("DataLoader", "dataloader", "_next_data", "collate", "__getitem__", "_worker_loop",
+             "pin_memory", ".to(device)"),
+}
+_PHASES_GATED = tuple((name, _PHASE_NEEDLES[name], pattern) for name, pattern in PHASES)
 _TEMPLATE_PHASES = {"setup", "resume", "data", "forward", "backward", "optimizer", "checkpoint",
                     "eval", "init"}
 
@@ -106,26 +119,26 @@ def phase_of(texts: list[str]) -> str | None:
     """The phase the lines of one traceback point to, by the precedence of :data:`PHASES`."""
     best: str | None = None
     for text in texts:
-        for name, pattern in PHASES:
+        for name, needles, pattern in _PHASES_GATED:
             if best is not None and _PHASE_RANK[name] >= _PHASE_RANK[best]:
                 break
-            if pattern.search(text):
+            if any(needle in text for needle in needles) and pattern.search(text):
                 best = name
                 break
     return best
 
 
-def cut_long_line(line: str) -> str:
+def cut_long_line(line: str, needles: NeedleSet) -> str:
     """A line of a megabyte or more, cut down to the stretches around what may matter.
 
-    The cut keeps 2 KiB either side of each anchor hit (at most 64 of them), the same stretches
+    The cut keeps 2 KiB either side of each needle hit (at most 64 of them), the same stretches
     the file scanner keeps, so a message in the middle of a flattened log survives while the
     memory kept stays bounded.
     """
     raw = line.encode("utf-8", "replace")
     pieces: list[bytes] = []
     last_end = 0
-    for hit in anchor_hits(raw):
+    for hit in needles.hits(raw, limit=64, skip=2048):
         if len(pieces) >= 64:
             break
         if hit < last_end:
@@ -134,6 +147,42 @@ def cut_long_line(line: str) -> str:
         pieces.append(raw[start:end])
         last_end = end
     return " \u2026 ".join(p.decode("utf-8", "replace") for p in pieces)
+
+
+_SEGMENT_WINDOW = 1024  # characters kept either side of a needle in an over-long message
+_SEGMENT_WINDOWS = 8
+
+
+def cut_segment(text: str, needles: NeedleSet) -> str:
+    """A message longer than MAX_SEGMENT (a flattened log, a progress bar's thousand updates),
+    cut to the stretches around its needles, so that no rule runs over more than a few KiB."""
+    pieces: list[str] = []
+    last_end = 0
+    for hit in needles.find_text(text, _SEGMENT_WINDOWS, _SEGMENT_WINDOW):
+        if len(pieces) >= _SEGMENT_WINDOWS:
+            break
+        if hit < last_end:
+            continue
+        start, end = max(hit - _SEGMENT_WINDOW, last_end), min(hit + _SEGMENT_WINDOW, len(text))
+        pieces.append(text[start:end])
+        last_end = end
+    return " \u2026 ".join(pieces) if pieces else text[:MAX_SEGMENT]
+
+
+# One line kept for context: (line number, rank, text) once cleaned; a line that was not
+# classified is kept raw, (line number, None, None, raw line), and cleaned only if a finding reads
+# the traceback before it.
+_Context = tuple[int, int | None, str | None, str | None]
+# A function the file scanner lends while it feeds a line: the raw lines from a line number up to
+# the line being fed (those it did not feed), for the traceback before a finding.
+ContextSource = Callable[[int], list[tuple[int, str]]]
+
+
+def _clean_context(line: str) -> tuple[int | None, str]:
+    if "\x1b" in line:
+        line = ANSI.sub("", line)
+    text, rank, _ = strip_prefixes(line.strip())
+    return rank, text[:2000]
 
 
 class LogWatcher:
@@ -153,7 +202,11 @@ class LogWatcher:
         self._platform = platform is not None and platform.lower() in MANAGED_PLATFORMS
         self._platform_seen = False
         self._lineno = 0
-        self._context: deque[tuple[int, int | None, str]] = deque(maxlen=CONTEXT_LINES)
+        self._context: deque[_Context] = deque(maxlen=CONTEXT_LINES)
+        # The numbers of the last lines fed: a line fed that left no context entry (a message's
+        # continuation, an empty line) is not read back from the scanner's buffer.
+        self._fed: deque[int] = deque(maxlen=CONTEXT_LINES + 1)
+        self._source: ContextSource | None = None
         self._oom: list[Finding] = []
         self._events: list[Finding] = []
         self._weak: Finding | None = None
@@ -167,6 +220,55 @@ class LogWatcher:
         self._reported = False
         self._done_line: int | None = None  # the first {"launch": "done"} line
         self._ignored_until = 0  # "Exception ignored in ...": interpreter-shutdown noise
+        self._platform_left = 0  # lines after a SIGKILL still read for platform words
+        self.version = 0  # bumped whenever ``needles`` changes
+        self.needles: NeedleSet = needles_for(self.needed())
+
+    # -- what is still worth reading -------------------------------------------------------
+
+    def needed(self) -> frozenset[str]:
+        """The categories of findings (``._rules.CATEGORIES``) that could still change the result.
+
+        The root cause is the launcher's oom line, else the first out-of-memory message, else the
+        other failure of the lowest tier (the first of it), a bare SIGKILL counting as tier 3; and
+        only the first finding of each tier is kept. So once an out-of-memory message is in, only
+        more of them (their figures, up to 64) and the launcher's lines matter; a tier is no
+        longer needed once it is taken or a lower one is in. Each set only ever shrinks."""
+        need = {"event"}
+        if len(self._oom) < _KEEP:
+            need.add("oom")
+        if self._events or self._oom:
+            return frozenset(need)
+        if self._done_line is None:
+            need.add("done")
+        done = self._done_line
+        tiers = [t for t, f in self._others.items() if done is None or f.line < done]
+        if self._weak is not None:
+            tiers.append(self._weak.tier)
+        best = min(tiers, default=99)
+        for tier in (1, 2, 3, 4):
+            if tier < best and tier not in self._others:
+                need.add(f"t{tier}")
+        if self._weak is None and best > 3:
+            need.add("weak")
+        return frozenset(need)
+
+    @property
+    def last_line(self) -> int:
+        """The number of the last line fed."""
+        return self._lineno
+
+    def wants_next(self) -> bool:
+        """Whether the next line must be fed whatever it holds: it may continue a message cut at
+        the end of the last one, be the traceback chained after an error, or name the platform
+        that killed the job."""
+        return self._pending is not None or self._after is not None or self._platform_left > 0
+
+    def _update_needles(self) -> None:
+        needles = needles_for(self.needed())
+        if needles is not self.needles:
+            self.needles = needles
+            self.version += 1
 
     # -- input -----------------------------------------------------------------------------
 
@@ -174,44 +276,80 @@ class LogWatcher:
         """Take the next line; returns a Diagnosis the first time a memory failure shows."""
         return self.feed_numbered(self._lineno + 1, line)
 
-    def feed_numbered(self, lineno: int, line: str) -> Diagnosis | None:
+    def feed_numbered(self, lineno: int, line: str, context: ContextSource | None = None,
+                      candidate: NeedleSet | None = None) -> Diagnosis | None:
         """Take line number ``lineno`` (1-based). Numbers may skip lines (the file scanner feeds
-        only the stretches around candidate lines); a skip ends any message being joined."""
+        only candidate lines and the lines that continue them); a skip ends any message being
+        joined. ``context`` gives the skipped lines before this one, should a finding here need
+        its traceback; ``candidate``: the needle set with which the caller found a needle in
+        this line (the test is not repeated if it is still the watcher's)."""
         if lineno != self._lineno + 1:
             self._finish_pending()
             self._after = None
         self._lineno = lineno
+        self._fed.append(lineno)
         if len(line) > MAX_LINE:
-            line = cut_long_line(line)
-        if not self._platform_seen and _PLATFORM.search(line):
+            line = cut_long_line(line, self.needles)
+        hit = candidate is self.needles or self.needles.search_line(line)
+        if self._platform_left > 0:
+            self._platform_left -= 1
+            if names_platform(line):
+                self._platform_seen, self._platform_left = True, 0
+        elif hit and not self._platform_seen and names_platform(line):
             self._platform_seen = True
-        hit = LINE_PREFILTER.search(line) is not None
         if not hit and self._pending is None and self._after is None:
-            self._remember_context(lineno, line)
+            self._context.append((lineno, None, None, line))
             return None
-        first_new: Finding | None = None
-        for seg in segments(line):
-            if self._pending is not None and self._continue_pending(seg):
-                continue
-            if self._after is not None:
-                self._follow_after(seg)
-            finding = self._classify(seg, lineno) if hit else None
-            self._context.append((lineno, seg.rank, seg.text[:2000]))
-            if finding is None:
-                continue
-            self._record(finding)
-            if finding.is_oom and first_new is None:
-                first_new = finding
+        self._source = context
+        try:
+            first_new = self._segments(lineno, line, hit)
+        finally:
+            self._source = None
         if first_new is not None and not self._reported:
             self._reported = True
             return self.result()
         return None
 
-    def _remember_context(self, lineno: int, line: str) -> None:
-        if "\x1b" in line:
-            line = ANSI.sub("", line)
-        text, rank, _ = strip_prefixes(line.strip())
-        self._context.append((lineno, rank, text[:2000]))
+    def _segments(self, lineno: int, line: str, hit: bool) -> Finding | None:
+        first_new: Finding | None = None
+        segs = segments(line)
+        several = len(segs) > 1
+        for seg in segs:
+            if len(seg.text) > MAX_SEGMENT and seg.event is None:
+                seg.text = cut_segment(seg.text, self.needles)
+            if self._pending is not None and self._continue_pending(seg):
+                continue
+            if self._after is not None:
+                self._follow_after(seg)
+            # A line of many messages (a progress bar's updates, an escaped traceback): only
+            # those that hold a needle still needed are read.
+            read = hit and (not several or seg.event is not None
+                            or self.needles.search_line(seg.text))
+            finding = self._classify(seg, lineno) if read else None
+            self._context.append((lineno, seg.rank, seg.text[:2000], None))
+            if finding is None:
+                continue
+            self._record(finding)
+            if finding.is_oom and first_new is None:
+                first_new = finding
+        return first_new
+
+    def _window(self, line: int) -> list[tuple[int, int | None, str]]:
+        """The context of a finding on ``line``: the last CONTEXT_LINES entries from the lines
+        before it (and the messages of its own line before it), cleaned."""
+        lo = line - CONTEXT_LINES
+        entries = [e for e in self._context if e[0] >= lo]
+        if self._source is not None:
+            have = set(self._fed)
+            extra = [(n, None, None, raw) for n, raw in self._source(lo) if n not in have]
+            if extra:
+                entries = sorted([*entries, *extra], key=lambda e: e[0])  # stable
+        out = []
+        for lineno, rank, text, raw in entries[-CONTEXT_LINES:]:
+            if raw is not None:
+                rank, text = _clean_context(raw)
+            out.append((lineno, rank, text or ""))
+        return out
 
     # -- one message -----------------------------------------------------------------------
 
@@ -242,12 +380,12 @@ class LogWatcher:
                 text):
             finding.kind = HOST_OOM
         elif rule.signature == "disk_full" and any(
-                _SHM_TRACE.search(t) for _, _, t in self._context):
+                _SHM_TRACE.search(t) for _, _, t in self._window(lineno)):
             finding.kind, finding.tier, finding.cause = HOST_OOM, 0, "shared_memory"
             finding.signature = "shm_exhausted"
         elif rule.signature == "torch.OutOfMemoryError" and not torch_message_complete(text):
             finding.complete = False
-        if finding.is_oom:
+        if finding.is_oom and len(self._oom) < _KEEP:  # (the phase of one not kept is moot)
             finding.phase = self._phase_before(finding)
         return finding
 
@@ -257,6 +395,7 @@ class LogWatcher:
         if kind == "done":
             if self._done_line is None:
                 self._done_line = lineno
+                self._update_needles()
             return None
         if kind != "oom":
             return None
@@ -287,8 +426,15 @@ class LogWatcher:
         elif finding.kind == SIGKILL:
             if self._weak is None:
                 self._weak = finding
+                if not self._platform and not self._platform_seen:
+                    # A managed platform reports its kills in words next to the exit status.
+                    if any(names_platform(t) for _, _, t in self._window(finding.line)):
+                        self._platform_seen = True
+                    else:
+                        self._platform_left = AFTER_LINES
         elif finding.tier not in self._others:
             self._others[finding.tier] = finding
+        self._update_needles()
 
     # -- messages over several lines ------------------------------------------------------
 
@@ -338,9 +484,8 @@ class LogWatcher:
 
     def _phase_before(self, finding: Finding) -> str | None:
         lines = [
-            text for lineno, rank, text in self._context
-            if lineno >= finding.line - CONTEXT_LINES
-            and (rank is None or finding.rank is None or rank == finding.rank)
+            text for _, rank, text in self._window(finding.line)
+            if rank is None or finding.rank is None or rank == finding.rank
         ]
         # Only the traceback this error ends: from its last "Traceback" header on.
         for i in range(len(lines) - 1, -1, -1):
