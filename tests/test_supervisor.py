@@ -356,3 +356,27 @@ def test_events_have_a_channel_of_their_own_beside_the_log(cli, tiny_recipe, tmp
     logged = [line for line in (attempt / "output.log").read_text().splitlines()
               if '"launch": ' in line]
     assert len(logged) == len(events)  # the same lines, in the log as well
+
+
+ORDERED_RECIPE = TINY_RECIPE.replace(
+    "def training_step(model, batch):\n",
+    "import sys\n\n"
+    "def training_step(model, batch):\n"
+    "    for i in range(200):\n"
+    "        print(f'out {i}')\n"
+    "        print(f'err {i}', file=sys.stderr)\n",
+)
+
+
+def test_a_local_job_s_output_and_errors_are_logged_in_the_order_written(cli, write_script,
+                                                                          tmp_path):
+    script = write_script(ORDERED_RECIPE)
+    result = cli(str(script), "--json", "--steps", "1")
+    assert result.status == 0, result.stderr
+    log = tmp_path / "state" / "runs" / result.json()["run_id"] / "attempt-1" / "output.log"
+    lines = [line.split(":", 1)[1] for line in log.read_text().splitlines()
+             if line.startswith("[rank0]:") and line.split(":", 1)[1][:4] in ("out ", "err ")]
+    calls = len(lines) // 400
+    assert calls >= 1
+    assert lines == [f"{kind} {i}" for _ in range(calls) for i in range(200)
+                     for kind in ("out", "err")]

@@ -102,6 +102,7 @@ class LocalProvider(Provider):
             "PYTHONUNBUFFERED": "1",
             processes.TOKEN_VAR: job_token(job.attempt_dir),
             "LAUNCH_EVENTS_FILE": str(job.attempt_dir / EVENTS_NAME),
+            "LAUNCH_MERGE_STDERR": "1",  # the log in the order the script wrote it
         }
         return LocalRequest(
             argv=argv, cwd=str(job.code_dir), env=env, job_dir=str(job.attempt_dir),
