@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from launcher.status import BadValue, ProviderError, UsageError
+from launcher.status import ProviderError, UsageError
 
 #: The credential chain gets this long, all of it, before "no AWS credentials found".
 CREDENTIALS_DEADLINE_S = 1.5
@@ -234,14 +234,11 @@ def endpoint_url(service: str, environ: Mapping[str, str]) -> str | None:
 
 
 def check_region(region: Any, source: str = "") -> str:
-    """``region`` when it is shaped like an AWS region, else a one-line :class:`BadValue` naming
-    it and where it came from: a region becomes part of host names and ARNs."""
-    if not isinstance(region, str) or len(region) > 32 or not _REGION.fullmatch(region):
-        shown = repr(region) if len(repr(region)) <= 80 else repr(region)[:77] + "..."
-        where = f" (from {source})" if source else ""
-        raise BadValue(f"region {shown}{where} is not an AWS region name",
-                       f"expected {REGION_SHAPE}")
-    return region
+    """``region`` when it is shaped like an AWS region (else exit 2, naming it): a region becomes
+    part of host names and ARNs."""
+    from launcher.providers.base import checked_region
+
+    return checked_region(region, _REGION, 32, "an AWS region name", REGION_SHAPE, source)
 
 
 def resolve_region(explicit: str | None, environ: Mapping[str, str]) -> str:

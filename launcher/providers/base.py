@@ -8,11 +8,13 @@ the only code that talks to its cloud (or, for ``local``, to torchrun).
 from __future__ import annotations
 
 import abc
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from launcher.plan.plan import Plan
+from launcher.status import BadValue
 
 if TYPE_CHECKING:
     from launcher.render import RenderedJob
@@ -104,3 +106,32 @@ class Provider(abc.ABC):
         """What of an ended job still runs (the local provider's processes); a cloud's job is
         gone once its state is terminal."""
         return []
+
+
+# -- values every provider checks at its boundary, each against its own cloud's rules ----------
+
+
+def checked_duration(value: Any, low: int, high: int, platform: str, bounds: str) -> int:
+    """``--timeout`` (``3600``, ``90m``, ``12h``, ``2d``) in seconds, within ``[low, high]``
+    (the platform's limits, said in ``bounds``), else a one-line :class:`BadValue`."""
+    from launcher.units import parse_duration
+
+    try:
+        seconds = parse_duration(value)
+    except ValueError:
+        raise BadValue(f"--timeout {value!r} is not a duration",
+                       "write it like 3600, 90m, 12h or 2d") from None
+    if not low <= seconds <= high:
+        raise BadValue(f"--timeout {value!r} is outside what {platform} allows", bounds)
+    return seconds
+
+
+def checked_region(region: Any, shape: re.Pattern[str], max_length: int, what: str,
+                   expected: str, source: str = "") -> str:
+    """``region`` when it matches ``shape`` whole, else a one-line :class:`BadValue` naming it
+    and where it came from (``source``): a region becomes part of host names."""
+    if not isinstance(region, str) or len(region) > max_length or not shape.fullmatch(region):
+        shown = repr(region) if len(repr(region)) <= 80 else repr(region)[:77] + "..."
+        where = f" (from {source})" if source else ""
+        raise BadValue(f"region {shown}{where} is not {what}", f"expected {expected}")
+    return region

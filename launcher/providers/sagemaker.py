@@ -57,8 +57,8 @@ from typing import Any
 from launcher import packaging
 from launcher.packaging import Selection
 from launcher.plan.plan import Plan
-from launcher.providers.base import Job, JobStatus, Provider
-from launcher.status import BadValue, LaunchError, ProviderError, UsageError
+from launcher.providers.base import Job, JobStatus, Provider, checked_duration
+from launcher.status import LaunchError, ProviderError, UsageError
 
 LOG_GROUP = "/aws/sagemaker/TrainingJobs"
 OPT_ML = "/opt/ml"
@@ -223,17 +223,8 @@ class SageMakerSettings:
 
 def parse_timeout(value: Any) -> int:
     """``--timeout`` (``3600``, ``90m``, ``12h``, ``2d``) as ``MaxRuntimeInSeconds``."""
-    from launcher.units import parse_duration
-
-    try:
-        seconds = parse_duration(value)
-    except ValueError:
-        raise BadValue(f"--timeout {value!r} is not a duration",
-                       "write it like 3600, 90m, 12h or 2d") from None
-    if not 1 <= seconds <= MAX_RUN_LIMIT_S:
-        raise BadValue(f"--timeout {value!r} is outside what SageMaker allows",
-                       "MaxRuntimeInSeconds is between 1 second and 28 days")
-    return seconds
+    return checked_duration(value, 1, MAX_RUN_LIMIT_S, "SageMaker",
+                            "MaxRuntimeInSeconds is between 1 second and 28 days")
 
 
 # -- names -------------------------------------------------------------------------------------

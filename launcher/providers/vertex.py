@@ -44,9 +44,9 @@ from launcher.packaging import Selection
 from launcher.plan.plan import Plan
 from launcher.providers import _gcp, images
 from launcher.providers._gcp import LogCursor
-from launcher.providers.base import Job, JobStatus, Provider
+from launcher.providers.base import Job, JobStatus, Provider, checked_duration, checked_region
 from launcher.render import PLAN_NAME
-from launcher.status import BadValue, ProviderError, UsageError
+from launcher.status import ProviderError, UsageError
 
 #: The prebuilt PyTorch GPU training image (Artifact Registry, per continent); ``image`` replaces
 #: it. See https://cloud.google.com/vertex-ai/docs/training/pre-built-containers
@@ -749,30 +749,14 @@ def parse_bucket(value: str) -> tuple[str, str]:
 
 
 def parse_duration(value: Any) -> int:
-    """``--timeout``: seconds, or a number with s, m, h or d (:func:`launcher.units.
-    parse_duration`), within what Vertex AI allows."""
-    from launcher.units import parse_duration as seconds_of
-
-    try:
-        seconds = seconds_of(value)
-    except ValueError:
-        raise BadValue(f"--timeout {value!r} is not a duration",
-                       "write it like 3600, 90m, 12h or 2d") from None
-    if not 60 <= seconds <= DEFAULT_TIMEOUT_S:
-        raise BadValue(f"--timeout {value!r} is outside what Vertex AI allows",
-                       "between a minute and 7 days")
-    return seconds
+    """``--timeout``: seconds, or a number with s, m, h or d, within what Vertex AI allows."""
+    return checked_duration(value, 60, DEFAULT_TIMEOUT_S, "Vertex AI",
+                            "between a minute and 7 days")
 
 
 def check_region(region: Any, source: str = "") -> str:
-    """``region`` when it is shaped like a Google Cloud region, else a one-line
-    :class:`BadValue` naming it and where it came from."""
-    if not isinstance(region, str) or len(region) > 40 or not REGION.fullmatch(region):
-        shown = repr(region) if len(repr(region)) <= 80 else repr(region)[:77] + "..."
-        where = f" (from {source})" if source else ""
-        raise BadValue(f"region {shown}{where} is not a Google Cloud region",
-                       f"expected {REGION_SHAPE}")
-    return region
+    """``region`` when it is shaped like a Google Cloud region (else exit 2, naming it)."""
+    return checked_region(region, REGION, 40, "a Google Cloud region", REGION_SHAPE, source)
 
 
 def parse_job_name(job_id: str) -> tuple[str, str, str]:
