@@ -282,51 +282,10 @@ def test_corrupt_state_is_exit_2_naming_the_file(cli, tiny_recipe, tmp_path, nam
 # on the 64-token example batch: 256 MiB) overflows a 2.5 GiB address-space cap at 1024 tokens
 # (4 GiB), and so does 8 (2 GiB): halving takes two resubmissions. The failure's batch shapes,
 # re-traced, give the micro-batch whose step needs no more than the one that ran: 1, at once.
-GROWING_RECIPE = '''
-import torch
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+from bench_replan import RECIPE as GROWING  # noqa: E402  (the benchmark's recipe, one copy)
 
-LAUNCH = {"global_batch_size": 16, "steps": 5, "lr": 0.01, "checkpoint_every": 1}
-
-
-class Net(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.emb = torch.nn.Embedding(1000, 16)
-        self.out = torch.nn.Linear(16, 1)
-
-    def forward(self, ids):
-        return self.out(self.emb(ids)).mean()
-
-
-def build_model():
-    return Net()
-
-
-def example_batch(batch_size):
-    return {"ids": torch.randint(0, 1000, (batch_size, 64))}
-
-
-class Growing:
-    def __init__(self, batch_size):
-        self.batch_size = batch_size
-
-    def __iter__(self):
-        seen = 0
-        while True:
-            tokens = 64 if seen < 48 else 1024
-            yield {"ids": torch.randint(0, 1000, (self.batch_size, tokens))}
-            seen += self.batch_size
-
-
-def build_dataloader(batch_size, rank, world_size):
-    return Growing(batch_size)
-
-
-def training_step(model, batch):
-    ids = batch["ids"]
-    scratch = torch.ones(ids.shape[0], ids.shape[1], 64 * 1024)
-    return model(ids) + scratch.mean() * 0
-'''
+GROWING_RECIPE = GROWING.format(tokens=1024)
 
 
 def test_data_that_grows_mid_run_is_fixed_by_exactly_one_resubmission(cli, write_script):
