@@ -16,6 +16,7 @@ from typing import Any
 
 from launcher.estimate.overheads import SAFETY_MARGIN
 from launcher.plan.plan import Plan
+from launcher.plan.planner import divisors
 
 #: (plan, batch shapes or None for the recipe's own example batch, micro-batch sizes) -> the
 #: traced peak allocated bytes of one step at each size; None when it cannot be traced.
@@ -25,8 +26,9 @@ ACTIVATION_PHASES = ("forward", "backward", "data", "eval")
 
 
 def _divisors_below(plan: Plan, limit: int) -> list[int]:
+    """The micro-batches up to ``limit`` that divide the per-rank batch, largest first."""
     per_rank = plan.global_batch_size // plan.world_size
-    return [m for m in range(min(limit, per_rank), 0, -1) if per_rank % m == 0]
+    return [m for m in reversed(divisors(per_rank)) if m <= limit]
 
 
 def measured_need(plan: Plan, failure: dict[str, Any]) -> int | None:

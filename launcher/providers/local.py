@@ -39,12 +39,6 @@ EVENTS_NAME = "events.jsonl"
 START_TIMEOUT_S = 30.0
 
 
-def job_environ(environ: dict[str, str]) -> dict[str, str]:
-    """The environment a local job starts from: the launcher's, less cloud credentials unless
-    ``LAUNCH_LOCAL_PASS_CREDENTIALS=1`` asks for them (``processes.user_environ``)."""
-    return processes.user_environ(environ)
-
-
 def job_token(attempt_dir: Path) -> str:
     """The token every process of one local job carries (``launcher.processes``): derived from
     the attempt's folder, so a later `launch cancel` finds the same processes."""
@@ -116,7 +110,8 @@ class LocalProvider(Provider):
         write_json(job_dir / "request.json", request.to_dict())
         os.close(os.open(request.log_file, os.O_WRONLY | os.O_CREAT, 0o600))
         # The runner is this package's module; make sure the child imports this same copy.
-        env = job_environ(dict(os.environ if self.environ is None else self.environ))
+        env = processes.user_environ(dict(os.environ if self.environ is None
+                                          else self.environ))
         root = str(Path(__file__).resolve().parents[2])
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
         errors_fd = os.open(job_dir / "runner.err", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
