@@ -581,14 +581,18 @@ def doctor_command(provider: str, as_json: bool, debug: bool, **options: Any) ->
 # -- following runs ----------------------------------------------------------------------------
 
 
-def _open_run(run_id: str | None) -> tuple[Any, Any]:
+def _open_run(run_id: str | None) -> tuple[Any, Any, list[Any]]:
+    """The run, its provider, and its attempts with any a dead launcher left ``submitting``
+    completed first (``adopt_unrecorded``): every command that follows a run starts here."""
     from launcher.providers import get_provider
     from launcher.runs import Run
+    from launcher.supervisor import adopt_unrecorded
 
     env = _env()
     run = Run.open(env.state_dir, run_id)
     settings = {**run.info.get("spec", {}), "python": env.python}
-    return run, get_provider(run.info["provider"], settings, env.environ)
+    provider = get_provider(run.info["provider"], settings, env.environ)
+    return run, provider, adopt_unrecorded(run, provider)
 
 
 @cli.command("status")
@@ -599,11 +603,9 @@ def status_command(run_id: str | None, as_json: bool, debug: bool) -> None:
     from dataclasses import asdict
 
     from launcher.providers.base import TERMINAL_STATES
-    from launcher.supervisor import adopt_unrecorded
 
     env = _env()
-    run, provider = _open_run(run_id)
-    attempts = adopt_unrecorded(run, provider)
+    run, provider, attempts = _open_run(run_id)
     rows = []
     for attempt in attempts:
         live = attempt.state
@@ -632,11 +634,8 @@ def logs_command(run_id: str | None, number: int | None, follow: bool, as_json: 
     """Print a run's job output."""
     import time
 
-    from launcher.supervisor import adopt_unrecorded
-
     env = _env()
-    run, provider = _open_run(run_id)
-    attempts = adopt_unrecorded(run, provider)
+    run, provider, attempts = _open_run(run_id)
     chosen = [a for a in attempts if number is None or a.number == number]
     if not chosen or not chosen[-1].job_id:
         raise UsageError(f"run {run.id} has no attempt {number}" if number else
@@ -659,11 +658,11 @@ def logs_command(run_id: str | None, number: int | None, follow: bool, as_json: 
 def cancel_command(run_id: str | None, as_json: bool, debug: bool) -> None:
     """Stop a run's running job, and check that nothing of it is left running."""
     from launcher.providers.base import TERMINAL_STATES
-    from launcher.supervisor import adopt_unrecorded, cancel_attempt
+    from launcher.supervisor import cancel_attempt
 
     env = _env()
-    run, provider = _open_run(run_id)
-    live = [a for a in adopt_unrecorded(run, provider) if a.job_id and (
+    run, provider, attempts = _open_run(run_id)
+    live = [a for a in attempts if a.job_id and (
         not provider.poll(a.job_id).terminal or provider.residue(a.job_id))]
     done = [cancel_attempt(run, provider, attempt) for attempt in live]
     if as_json:
@@ -685,11 +684,10 @@ def cancel_command(run_id: str | None, as_json: bool, debug: bool) -> None:
 def attach_command(run_id: str | None, as_json: bool, debug: bool) -> None:
     """Follow a run again (after Ctrl-C or a crashed launcher) until its job ends."""
     from launcher.report import console
-    from launcher.supervisor import Supervisor, adopt_unrecorded
+    from launcher.supervisor import Supervisor
 
     env = _env()
-    run, provider = _open_run(run_id)
-    attempts = adopt_unrecorded(run, provider)
+    run, provider, attempts = _open_run(run_id)
     if not attempts or not attempts[-1].job_id:
         raise UsageError(f"run {run.id} has no submitted attempt")
     out = console(env.stdout if not as_json else env.stderr)
