@@ -28,6 +28,11 @@ MEMORY_FAILURES = ("gpu_oom", "host_oom")
 #: How long to wait for the templates' structured OOM line after the allocator's message.
 STOP_GRACE_S = 0.5
 
+#: The follower says it is behind once the log it shows trails the job by this many seconds, and
+#: again when that doubles or a minute has passed (a chatty job against a log API's read quota).
+BEHIND_NOTE_S = 10.0
+BEHIND_REPEAT_S = 60.0
+
 #: Replanner: (failed plan, the diagnosis) -> (new plan, what changed and why), or None.
 Replanner = Callable[[Plan, dict[str, Any]], "tuple[Plan, str] | None"]
 
@@ -225,6 +230,8 @@ class Supervisor:
         event_cursor: Any = None
         seen_at: float | None = None
         stopped_at: float | None = None
+        lag_noted: tuple[float, float] | None = None  # (lag, when) of the last note
+        most_behind = 0.0
         while True:
             status = self.provider.poll(attempt.job_id)
             # The event channel first: an out-of-memory event is acted on at once, however
@@ -251,6 +258,16 @@ class Supervisor:
                     where = f" on rank {first.rank}" if first.rank is not None else ""
                     self.on_note(f"out of memory{where} ({first.failure}, cause "
                                  f"{first.cause}): stopping the job")
+            lag = self.provider.behind(attempt.job_id, cursor)
+            if lag is not None and lag >= BEHIND_NOTE_S:
+                most_behind = max(most_behind, lag)
+                now = time.monotonic()
+                if (lag_noted is None or lag >= 2 * lag_noted[0]
+                        or now - lag_noted[1] >= BEHIND_REPEAT_S):
+                    lag_noted = (lag, now)
+                    self.on_note(f"the log shown is {lag:.0f} s behind the job (it writes faster "
+                                 f"than the log API's read quota allows); failures come from "
+                                 f"their own channel and are not delayed")
             # The allocator's message usually comes just before the template's structured line
             # (phase, step, micro-batch); stop once that line is in, or after a short grace.
             if seen_at is not None and stopped_at is None and (
@@ -285,6 +302,8 @@ class Supervisor:
         else:
             attempt.outcome = "failed"
         attempt.summary = {**attempt.summary, **progress.summary(), "message": status.message}
+        if most_behind:
+            attempt.summary["log_behind_s"] = round(most_behind, 1)
         self.run.save_attempt(attempt)
         self._calibrate(attempt)
         return progress

@@ -339,3 +339,27 @@ def test_a_local_job_s_output_and_errors_are_logged_in_the_order_written(cli, wr
     assert calls >= 1
     assert lines == [f"{kind} {i}" for _ in range(calls) for i in range(200)
                      for kind in ("out", "err")]
+
+
+PLAIN_ORDERED = (
+    "import sys\n"
+    "if __name__ == '__main__':\n"
+    "    assert sys.argv[0].endswith('plain_ordered.py'), sys.argv\n"
+    "    for i in range(300):\n"
+    "        print(f'out {i}')\n"
+    "        print(f'err {i}', file=sys.stderr)\n"
+    "    raise SystemExit(3)\n"
+)
+
+
+def test_a_plain_script_s_output_and_errors_are_logged_in_the_order_written(cli, tmp_path):
+    """A user's own script runs through the stdio shim (it cannot merge its streams itself):
+    its lines interleave as written, and its exit status is still the job's."""
+    script = tmp_path / "plain_ordered.py"
+    script.write_text(PLAIN_ORDERED)
+    result = cli(str(script), "--params", "9", "--json", "--max-attempts", "1")
+    assert result.status != 0
+    log = tmp_path / "state" / "runs" / result.json()["run_id"] / "attempt-1" / "output.log"
+    lines = [line.split(":", 1)[1] for line in log.read_text().splitlines()
+             if line.startswith("[rank0]:") and line.split(":", 1)[1][:4] in ("out ", "err ")]
+    assert lines == [f"{kind} {i}" for i in range(300) for kind in ("out", "err")]

@@ -97,6 +97,12 @@ class Provider(abc.ABC):
         has no such channel (then the log carries them)."""
         return [], cursor
 
+    def behind(self, job_id: str, cursor: Any) -> float | None:
+        """How far the log read up to ``cursor`` trails the job, in seconds of log still to be
+        read (``None``: caught up, or the provider cannot tell). The supervisor says so when it
+        grows, instead of lagging silently; the event channel is not behind it."""
+        return None
+
     def adopt(self, run_id: str, attempt: int, attempt_dir: Path) -> str | None:
         """The job id of an attempt that was (maybe) created but never recorded, found by the
         name or labels the dry run gives it; ``None`` if there is no such job."""

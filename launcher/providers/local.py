@@ -84,7 +84,10 @@ class LocalProvider(Provider):
             "--nproc_per_node", str(plan.gpus_per_node),
             # torchrun prefixes each line with "[<role><local rank>]:"; one node, so local = global.
             "--role", "rank", "--tee", "3", "--log-dir", str(job.attempt_dir / "torchrun"),
-            str(entrypoint),
+            # A plain script runs through a shim that puts its stderr on its stdout (the
+            # rendered scripts do it themselves): the log in the order the script wrote it.
+            *([str(entrypoint)] if entry in job.rendered.files
+              else ["-m", "launcher.providers.local_stdio", str(entrypoint)]),
         ]
         env = {
             **job.rendered.env,
