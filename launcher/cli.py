@@ -78,6 +78,9 @@ PLAN_OPTIONS: list[Callable[..., Any]] = [
     click.option("--optimizer", help="Pin the optimizer: adamw, sgd, adafactor, adam8bit."),
     click.option("--activation-checkpointing/--no-activation-checkpointing", default=None,
                  help="Pin activation checkpointing of the wrap_modules() blocks."),
+    click.option("--checkpointing",
+                 help="Pin how the wrap_modules() blocks are checkpointed: none, selective "
+                      "(keep matmul and attention outputs, recompute the rest), full."),
     click.option("--seq-len", type=int, help="Sequence length (for the estimate)."),
     click.option("--steps", type=int, help="Optimizer steps to train."),
     click.option("--lr", type=float, help="Learning rate."),
@@ -89,6 +92,10 @@ PLAN_OPTIONS: list[Callable[..., Any]] = [
     click.option("--hidden-size", type=int, help="With --params: hidden size."),
     click.option("--heads", type=int, help="With --params: attention heads."),
     click.option("--vocab-size", type=int, help="With --params: vocabulary size."),
+    click.option("--attention",
+                 help="With --model-config or --params: the attention kernel the estimate "
+                 "assumes: flash, efficient or math (math keeps the s x s scores; default: "
+                 "the config's, else what CUDA picks)."),
     click.option("--region", envvar="LAUNCH_REGION", help="Cloud region."),
     click.option("--bucket", envvar="LAUNCH_BUCKET", help="Bucket for code and checkpoints."),
     click.option("--project", envvar="LAUNCH_PROJECT", help="Google Cloud project (Vertex)."),

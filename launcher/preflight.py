@@ -33,11 +33,12 @@ DEFAULT_TRACE_TIMEOUT_S = 120.0
 def describe(spec: Spec, info: ScriptInfo) -> tuple[ModelShape | None, str]:
     """The model's shape from a config file or --params, and the contract's ``source``."""
     if spec.model_config is not None:
-        return load_config(spec.model_config, seq_len=spec.seq_len), "config"
+        return load_config(spec.model_config, seq_len=spec.seq_len,
+                           attention=spec.attention), "config"
     if spec.params is not None:
         return shape_from_params(spec.params, layers=spec.layers, hidden=spec.hidden_size,
                                  heads=spec.heads, vocab=spec.vocab_size,
-                                 seq_len=spec.seq_len), "declared"
+                                 seq_len=spec.seq_len, attention=spec.attention), "declared"
     return None, "traced"
 
 
@@ -77,18 +78,19 @@ def _rank_traces(recipe: Path, trace_options: dict[str, Any]
     that fails or runs out of time answers None: the planner keeps its scaled estimate."""
     from launcher.estimate.traced import TraceError, trace_recipe
 
-    traces: dict[tuple[str, int, int, bool], Any] = {}
+    traces: dict[tuple[str, int, int, bool, bool], Any] = {}
 
-    def rank_memory_at(strategy: str, nodes: int, gpus: int, micro: int, accum: int
-                       ) -> Memory | None:
+    def rank_memory_at(strategy: str, nodes: int, gpus: int, micro: int, accum: int,
+                       reshard_after_forward: bool = True) -> Memory | None:
         world = nodes * gpus
         replicas = nodes if strategy == "hybrid_shard" else 1  # a shard group per node
-        key = (strategy, world, replicas, accum > 1)
+        key = (strategy, world, replicas, accum > 1, reshard_after_forward)
         if key not in traces:
             try:
                 traces[key] = trace_recipe(
                     recipe, **{**trace_options, "grad_accum_steps": 2 if accum > 1 else 1},
-                    strategy={"name": strategy, "world_size": world, "replicas": replicas})
+                    strategy={"name": strategy, "world_size": world, "replicas": replicas,
+                              "reshard_after_forward": reshard_after_forward})
             except TraceError:  # TraceTimeout included
                 traces[key] = None
         trace = traces[key]
@@ -227,8 +229,20 @@ def preflight(spec: Spec, info: ScriptInfo, state_dir: Path | None = None,
         if trace:
             key = (precision, optimizer)
             if key not in traced or checkpointing not in traced[key]:
-                variants = (False, True) if can_checkpoint else (checkpointing,)
-                traced[key] = _traced(spec, info, precision, optimizer, variants, device, environ)
+                # without and with full checkpointing in one child (the planner nearly always
+                # asks for both), selective with them when asked first, else in a child of its
+                # own (its FLOPs are the plain variant's: cost.py adds the recomputation)
+                variants = tuple(dict.fromkeys(
+                    ((False, True) if can_checkpoint and key not in traced else ())
+                    + (checkpointing,)))
+                done = traced.setdefault(key, {})
+                for v, fp in _traced(spec, info, precision, optimizer, variants, device,
+                                     environ).items():
+                    plain = done.get(False)
+                    if (isinstance(fp, Footprint) and fp.flops_per_sample is None
+                            and isinstance(plain, Footprint)):
+                        fp = replace(fp, flops_per_sample=plain.flops_per_sample)
+                    done[v] = fp
             footprint = traced[key][checkpointing]
             if isinstance(footprint, UsageError):
                 raise footprint

@@ -130,6 +130,8 @@ def plan_env(plan: Plan, settings: TrainSettings) -> dict[str, str]:
         "LAUNCH_GLOBAL_BATCH_SIZE": str(plan.global_batch_size),
         "LAUNCH_PRECISION": plan.precision,
         "LAUNCH_ACTIVATION_CHECKPOINTING": "1" if plan.activation_checkpointing else "0",
+        # none | selective | full; the variable above stays "1" for either kind.
+        "LAUNCH_CHECKPOINTING": plan.checkpointing or "none",
         "LAUNCH_OPTIMIZER": plan.optimizer,
         "LAUNCH_STEPS": str(plan.steps),
         "LAUNCH_LR": repr(float(plan.lr)),  # repr round-trips a float exactly

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from launcher.estimate.overheads import SAFETY_MARGIN
-from launcher.plan.plan import Plan
+from launcher.plan.plan import Plan, checkpointing_key
 from launcher.plan.planner import divisors
 
 #: (plan, batch shapes or None for the recipe's own example batch, micro-batch sizes) -> the
@@ -91,7 +91,8 @@ def retrace(recipe_file: str, timeout_s: float = 120.0) -> Measure:
         try:
             result = trace_recipe(
                 recipe_file, micro_batch_sizes=sorted({1, *sizes}), precision=plan.precision,
-                optimizer=plan.optimizer, activation_checkpointing=plan.activation_checkpointing,
+                optimizer=plan.optimizer, activation_checkpointing=checkpointing_key(
+                    plan.checkpointing or "none"),
                 device="cpu" if plan.machine.startswith("local-cpu") else "cuda",
                 timeout_s=timeout_s, batch_shapes=shapes)
         except (TraceError, ValueError):
@@ -146,10 +147,13 @@ def replan(plan: Plan, failure: dict[str, Any], *, can_checkpoint: bool = True,
             f"with the micro-batch, so micro-batch {plan.micro_batch_size} -> {micro} ({how}) "
             f"with {accum} accumulation steps (global batch {plan.global_batch_size} "
             "unchanged)")
-    if can_checkpoint and not plan.activation_checkpointing:
-        fixed = plan.replace(activation_checkpointing=True, fits=None,
-                             note="activation checkpointing")
+    if can_checkpoint and plan.checkpointing != "full":
+        # full, also from selective: after an out-of-memory at micro-batch 1 the remedy that
+        # frees the most (each block keeps its input only), not one more try in between
+        fixed = plan.replace(checkpointing="full", fits=None, note="activation checkpointing")
         return fixed, (
             f"out of memory in {phase} at micro-batch 1: recompute the blocks' activations in "
-            "the backward pass (activation checkpointing) instead of keeping them")
+            "the backward pass (activation checkpointing"
+            + (", full instead of selective" if plan.checkpointing == "selective" else "")
+            + ") instead of keeping them")
     return None

@@ -12,6 +12,8 @@ _COLORS = ("blue", "magenta", "yellow", "green", "cyan", "white")
 #: The plan table fits in this many columns (issue 14: it wrapped at 80 and at 140).
 TABLE_WIDTH = 100
 _PRECISION = {"fp32": "fp32", "bf16_mixed": "bf16m", "bf16": "bf16"}
+#: The checkpointing column: "yes" is full checkpointing, as it was before selective existed.
+_CKPT = {"none": "no", "selective": "sel", "full": "yes"}
 
 
 def console(stream: TextIO, *, color: bool | None = None) -> Any:
@@ -162,10 +164,10 @@ def print_plan(out: Any, result: PlanResult, show_all: bool = False) -> None:
                    else f">{format_bytes(plan.memory.model_states)}"
                    if plan.memory.model_states is not None else "?")
         table.add_row(
-            mark, plan.strategy, plan.machine, f"{plan.nodes}x{plan.gpus_per_node}",
+            mark, plan.strategy_label, plan.machine, f"{plan.nodes}x{plan.gpus_per_node}",
             f"{plan.micro_batch_size}x{plan.grad_accum_steps}",
             _PRECISION.get(plan.precision, plan.precision),
-            "yes" if plan.activation_checkpointing else "no", per_gpu,
+            _CKPT[plan.checkpointing or "none"], per_gpu,
             {True: "yes", False: "NO", None: "?"}[plan.fits],
             format_seconds(plan.step_time_s), format_usd(plan.total_cost_usd),
         )
@@ -178,8 +180,8 @@ def print_plan(out: Any, result: PlanResult, show_all: bool = False) -> None:
         c = result.chosen
         price = "" if c.cost_per_hour_usd is None else f", ${format_usd(c.cost_per_hour_usd)}/h"
         every = ", reduce-scatter every micro-step" if c.reduce_every_micro_step else ""
-        out.print(f"chosen: {c.strategy} on {c.nodes} x {c.machine}{price}, {c.optimizer}{every} "
-                  f"(global batch {c.global_batch_size})", soft_wrap=False)
+        out.print(f"chosen: {c.strategy_label} on {c.nodes} x {c.machine}{price}, "
+                  f"{c.optimizer}{every} (global batch {c.global_batch_size})", soft_wrap=False)
         out.print(memory_bar(result.chosen), soft_wrap=False)
     for rejection in result.rejected:  # wrapped by words at the console's width
         out.print(f"[red]rejected[/] {rejection.option}: {rejection.reason}", soft_wrap=False)
@@ -255,10 +257,10 @@ def plan_html(result: PlanResult, title: str) -> str:
                   "color": c} for (n, v), c in zip(known, _HTML_COLORS, strict=False)]
         used, capacity = format_bytes(total), format_bytes(chosen.memory.capacity)
     rows = [{
-        "chosen": p is chosen, "strategy": p.strategy, "machine": p.machine,
+        "chosen": p is chosen, "strategy": p.strategy_label, "machine": p.machine,
         "layout": f"{p.nodes} x {p.gpus_per_node}",
         "batch": f"{p.micro_batch_size} x {p.grad_accum_steps}",
-        "ckpt": "yes" if p.activation_checkpointing else "no",
+        "ckpt": _CKPT[p.checkpointing or "none"],
         "states": format_bytes(p.memory.model_states), "total": format_bytes(p.memory.total),
         "capacity": format_bytes(p.memory.capacity),
         "fits": {True: "yes", False: "no", None: "?"}[p.fits],

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from launcher.plan.plan import OPTIMIZERS, PRECISIONS, STRATEGIES
+from launcher.estimate.analytic import ATTENTION
+from launcher.plan.plan import CHECKPOINTING, OPTIMIZERS, PRECISIONS, STRATEGIES
 from launcher.recipe import ScriptInfo
 from launcher.status import UsageError
 
@@ -34,7 +35,7 @@ PROVIDERS = ("local", "vertex", "sagemaker")
 LAUNCH_KEYS: dict[str, type | tuple[type, ...]] = {
     "global_batch_size": int, "micro_batch_size": int, "steps": int, "lr": (float, int),
     "seq_len": int, "precision": str, "optimizer": str, "activation_checkpointing": bool,
-    "log_every": int, "checkpoint_every": int, "seed": int,
+    "checkpointing": str, "log_every": int, "checkpoint_every": int, "seed": int,
     "max_grad_norm": (float, int, type(None)), "weight_decay": (float, int),
 }
 DEFAULTS: dict[str, Any] = {
@@ -69,7 +70,8 @@ FLOAT_RULES: dict[str, tuple[bool, str]] = {
 }
 #: Text settings: one line, no control characters (they end up in requests, names and paths).
 TEXT_FIELDS = ("provider", "strategy", "machine", "precision", "optimizer", "region", "bucket",
-               "project", "service_account", "role", "image", "timeout", "model_config")
+               "project", "service_account", "role", "image", "timeout", "model_config",
+               "attention")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
@@ -93,6 +95,9 @@ class Spec:
     precision: str | None = None
     optimizer: str | None = None
     activation_checkpointing: bool | None = None
+    #: none | selective | full (``--checkpointing``); ``activation_checkpointing`` is the older
+    #: on/off pin (on: full). When both are given they must agree.
+    checkpointing: str | None = None
     seq_len: int | None = None
     steps: int = DEFAULTS["steps"]
     lr: float = DEFAULTS["lr"]
@@ -109,6 +114,8 @@ class Spec:
     hidden_size: int | None = None
     heads: int | None = None
     vocab_size: int | None = None
+    #: The attention kernel the analytic activations assume (flash | efficient | math).
+    attention: str | None = None
     # Provider settings.
     region: str | None = None
     bucket: str | None = None
@@ -331,6 +338,11 @@ def build_spec(options: dict[str, Any], info: ScriptInfo,
         if key in fields and value is not None:
             values[key] = value
             labels[key] = (origins or {}).get(key) or _flag(key)
+    # The two checkpointing pins: one given as an option replaces the other's LAUNCH value.
+    pins = {"activation_checkpointing", "checkpointing"}
+    given = {k for k in pins if options.get(k) is not None}
+    if len(given) == 1:
+        values.pop((pins - given).pop(), None)
     values["script"] = info.path
     values["mode"] = info.mode
     values["global_batch_given"] = "global_batch_size" in labels
@@ -380,6 +392,12 @@ def _check_fields(values: Mapping[str, Any], label: Callable[[str], str]) -> Non
     choice("strategy", STRATEGIES)
     choice("precision", PRECISIONS)
     choice("optimizer", OPTIMIZERS)
+    choice("attention", ATTENTION)
+    choice("checkpointing", CHECKPOINTING)
+    some, mode = values.get("activation_checkpointing"), values.get("checkpointing")
+    if some is not None and mode is not None and bool(some) != (mode != "none"):
+        raise UsageError(f"{label('activation_checkpointing')} and {label('checkpointing')} "
+                         f"{mode} contradict each other", "give one of them")
     for name, (least, most) in INT_RANGES.items():
         value = values.get(name)
         if value is None:

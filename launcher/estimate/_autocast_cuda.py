@@ -17,6 +17,14 @@ only CPU autocast lists are left as they are (``cat``/``stack`` promotion change
 others are pooling, FFT and linear-algebra ops a training step rarely runs in autocast). Only the
 trace child calls this, and only when it emulates CUDA on a CPU.
 
+Casts to the autocast dtype go through autocast's weight cache as CUDA's C++ kernels do
+(``cached_cast``: an fp32 leaf that requires grad, a parameter, is cast once per autocast region
+and the copy reused), so a weight that one of these ops uses several times in a forward (an
+``lstm_cell`` over time steps, a tied ``einsum``) is counted once, as on a GPU. A tensor that is
+bf16 already is never cast: under FSDP2's ``MixedPrecisionPolicy(param_dtype=bf16)`` the
+gathered parameters are bf16, autocast casts and caches nothing, and the trace counts no copy
+(checked: docs/estimator.md, "CUDA semantics").
+
 The lists are torch 2.x's ``AT_FORALL_LOWER_PRECISION_FP``, ``AT_FORALL_FP32``,
 ``AT_FORALL_FP32_SET_OPT_DTYPE`` and the ``norm`` overloads of
 ``AT_FORALL_DIFFERENT_REDISPATCH_SIGNATURE``.
@@ -24,6 +32,7 @@ The lists are torch 2.x's ``AT_FORALL_LOWER_PRECISION_FP``, ``AT_FORALL_FP32``,
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -64,6 +73,9 @@ FP32_APPEND_DTYPE = ("norm.Scalar", "norm.ScalarOpt_dim")
 
 _KEY = "AutocastCPU"
 _libraries: list[Any] = []  # kept alive: a Library's registrations end with it
+#: Autocast's weight cache for these kernels: id -> (weak reference to the fp32 leaf, its cast).
+#: Cleared with C++'s cache when the outermost autocast region exits.
+_weight_cache: dict[int, tuple[Any, torch.Tensor]] = {}
 
 
 def _eligible(x: Any) -> bool:
@@ -72,10 +84,32 @@ def _eligible(x: Any) -> bool:
 
 def _cast(value: Any, dtype: torch.dtype) -> Any:
     if _eligible(value):
+        if _cacheable(value, dtype):
+            hit = _weight_cache.get(id(value))
+            if hit is not None and hit[0]() is value:
+                return hit[1]
+            cast = value.to(dtype)
+            _weight_cache[id(value)] = (weakref.ref(value), cast)
+            return cast
         return value.to(dtype)
     if isinstance(value, (list, tuple)):
         return type(value)(_cast(v, dtype) for v in value)
     return value
+
+
+def _cacheable(value: torch.Tensor, dtype: torch.dtype) -> bool:
+    """``cached_cast``'s condition (aten/src/ATen/autocast_mode.h)."""
+    return (dtype == torch.get_autocast_dtype("cpu") and value.dtype == torch.float32
+            and value.requires_grad and value.is_leaf and not value._is_view()
+            and torch.is_autocast_cache_enabled())
+
+
+def _clear_with(clear: Callable[[], None]) -> Callable[[], None]:
+    def clear_autocast_cache() -> None:
+        _weight_cache.clear()
+        clear()
+
+    return clear_autocast_cache
 
 
 def _below_autocast() -> Any:
@@ -135,4 +169,6 @@ def install() -> list[str]:
         library.impl(name, _kernel(op, policy), _KEY)
         done.append(name)
     _libraries.append((library, done))
+    # torch.autocast.__exit__ calls torch.clear_autocast_cache() when the outermost region ends
+    torch.clear_autocast_cache = _clear_with(torch.clear_autocast_cache)
     return done

@@ -47,6 +47,7 @@ import torch
 
 from launcher.estimate import _script, _workers
 from launcher.estimate.traced import MICRO_PHASES, PHASES
+from launcher.plan.plan import checkpointing_mode
 
 PRECISIONS = ("fp32", "bf16_mixed", "bf16")
 OPTIMIZERS = ("adamw", "sgd", "adafactor", "adam8bit")
@@ -232,6 +233,7 @@ def script_plan(request: dict[str, Any]) -> dict[str, Any]:
     return {
         "precision": request["precision"],
         "activation_checkpointing": bool(request["activation_checkpointing"]),
+        "checkpointing": checkpointing_mode(request["activation_checkpointing"]),
         "optimizer": request.get("optimizer") or "adamw",
         "lr": request.get("lr", 3e-4),
         "weight_decay": request.get("weight_decay", 0.0),
@@ -393,6 +395,10 @@ def first_optimizer_step(
 # The tracker: MemTracker's accounting with a timeline, and probes for what fake tensors miss.
 
 _ROUND = 1  # bytes a storage is rounded up to (512 when emulating the CUDA caching allocator)
+#: The most allocator events a trace records (about 8 bytes each on the pipe, as JSON); a 7B
+#: model's full-depth steady step takes tens of thousands. Past it the parent keeps the
+#: default reserve ratio.
+ALLOCATOR_EVENTS_CAP = 2_000_000
 
 
 def _alloc_bytes(nbytes: int) -> int:
@@ -581,12 +587,14 @@ _PARAM, _BUFFER, _GRAD, _ACT, _TEMP, _OPT, _OTH = range(7)
 
 
 class _Storage:
-    """What the tracker knows about one live storage: its device, category and counted bytes."""
+    """What the tracker knows about one live storage: its device, category and counted bytes,
+    and its allocation's number in the tracker's allocator events (-1: none recorded)."""
 
-    __slots__ = ("device", "category", "nbytes", "__weakref__")
+    __slots__ = ("device", "category", "nbytes", "eid", "__weakref__")
 
     def __init__(self, device: str, category: int, nbytes: int) -> None:
         self.device, self.category, self.nbytes = device, category, nbytes
+        self.eid = -1
 
 
 @functools.cache
@@ -660,6 +668,11 @@ def _make_tracker(device_type: str, probe: ScratchProbe | None) -> Any:
             # PyTorch's own per-op formulas (FlopCounterMode's registry), without its module
             # tracking, on the ops the tracker sees anyway.
             self.flops: float | None = None
+            # The caching allocator's view while not None: every allocation and free on the
+            # traced device, in order, in the compact form ``launcher.estimate.allocator.replay``
+            # takes (n >= 0: allocate n bytes, the k-th allocation; ~k: free allocation k).
+            self.events: list[int] | None = None
+            self._allocations = 0
 
         # -- accounting ----------------------------------------------------------------------
 
@@ -667,8 +680,31 @@ def _make_tracker(device_type: str, probe: ScratchProbe | None) -> Any:
             if info.device == device_type:
                 self.live[info.category] += sign * info.nbytes
 
+        def start_events(self) -> None:
+            """Record allocator events from now on, starting with one allocation for each
+            storage alive now (in the order they were first seen)."""
+            self.events = []
+            for info, _ref in list(self._known.values()):
+                if info.nbytes:
+                    self._allocated(info)
+
+        def _allocated(self, info: _Storage) -> None:
+            if self.events is not None and info.device == device_type:
+                if len(self.events) >= ALLOCATOR_EVENTS_CAP:
+                    self.events = None  # too long to ship: the parent keeps the default ratio
+                    return
+                info.eid, self._allocations = self._allocations, self._allocations + 1
+                self.events.append(info.nbytes)
+
+        def _released(self, info: _Storage) -> None:
+            if info.eid >= 0:
+                if self.events is not None:
+                    self.events.append(~info.eid)
+                info.eid = -1
+
         def _freed(self, info: _Storage, _ref: Any) -> None:
             self._add(info, -1)
+            self._released(info)
 
         def tag(self, t: torch.Tensor, category: int, retag: bool = True) -> None:
             for st in storages(t):
@@ -685,11 +721,18 @@ def _make_tracker(device_type: str, probe: ScratchProbe | None) -> Any:
                 info = _Storage(t.device.type, category, _alloc_bytes(st.nbytes()))
                 self._known[st] = (info, weakref.ref(st, functools.partial(self._freed, info)))
                 self._add(info, +1)
+                self._allocated(info)
 
         def resized(self, info: _Storage, nbytes: int) -> None:
+            old = info.nbytes
             self._add(info, -1)
             info.nbytes = nbytes
             self._add(info, +1)
+            if nbytes != old:
+                # to the allocator a resize is a free and a new block (FSDP's resize_(0), refill)
+                self._released(info)
+                if nbytes:
+                    self._allocated(info)
 
         def current(self) -> tuple[int, ...]:
             return (*self.live, 0)
@@ -843,6 +886,9 @@ def _make_tracker(device_type: str, probe: ScratchProbe | None) -> Any:
                 values = self.current()
                 if scratch:
                     values = values[:-1] + (_alloc_bytes(scratch),)
+                    if self.events is not None:  # the kernel's scratch: allocated, then freed
+                        self.events += [_alloc_bytes(scratch), ~self._allocations]
+                        self._allocations += 1
                 self.segment.append((self.phase, values))
                 self.ops.append(func)  # type: ignore[union-attr]
             return res
@@ -1049,6 +1095,13 @@ def _trace(request: dict[str, Any], recipe: ModuleType, mode: str) -> dict[str, 
     if request.get("probes") is False:
         probe = None
     tracker = _make_tracker(device.type, probe)
+    # A CUDA estimate records what the caching allocator would be asked for, from the end of
+    # the build to the end of the steady step (launcher.estimate.allocator replays it). Not
+    # from the start: the recipe builds the model in host memory (the whole stack, before a
+    # depth-scaled trace cuts it; the whole model, before FSDP shards it), which on this CPU
+    # is the traced device too; on the GPU the story starts with what the build left there.
+    allocator_events: list[int] | None = None
+    record = request["device"] == "cuda" and "step" in parts
     fake = FakeTensorMode(allow_non_fake_inputs=True) if mode in ("fake", "bound") else None
     bound = UpperBoundShapes() if mode == "bound" else None
     boundary: dict[str, tuple[int, ...]] = {}
@@ -1094,6 +1147,8 @@ def _trace(request: dict[str, Any], recipe: ModuleType, mode: str) -> dict[str, 
         facts["foreach"] = _foreach(optimizer, params)
         tracker.stop_segment()
         timings["build_s"] = time.perf_counter() - t0
+        if record:
+            tracker.start_events()
         model.train()
 
         if "step" in parts:
@@ -1129,6 +1184,9 @@ def _trace(request: dict[str, Any], recipe: ModuleType, mode: str) -> dict[str, 
             tracker.stop_segment()
             timings[f"{label}_s"] = time.perf_counter() - t0
             timings[f"{label}_cpu_s"] = time.process_time() - c0
+            if b == b0 and tracker.events is not None:
+                allocator_events = tracker.events
+                tracker.events = None
         on_phase("build")  # close the last phase's clock
         zero_grad.remove()
         del model, optimizer, params, step
@@ -1149,6 +1207,8 @@ def _trace(request: dict[str, Any], recipe: ModuleType, mode: str) -> dict[str, 
     }
     if blocks:
         result["blocks"] = blocks
+    if allocator_events is not None:
+        result["allocator_events"] = allocator_events
     if bound is not None and bound.substituted:
         result["substituted"] = bound.substituted
     if probe is not None:
@@ -1268,12 +1328,16 @@ def _configure_device(request: dict[str, Any]) -> list[str]:
 
     devices = optim_module._get_foreach_kernels_supported_devices()
     optim_module._get_foreach_kernels_supported_devices = lambda: [*devices, "cpu"]
-    from launcher.estimate import _autocast_cuda
+    from launcher.estimate import _autocast_cuda, _sdpa_cuda
 
     _autocast_cuda.install()  # CUDA's autocast op lists, on the CPU's autocast key
+    # CUDA's attention kernels (flash / memory-efficient / math, chosen by PyTorch's own rules
+    # for the plan's GPU generation) and dropout's bool mask, for fake tensors
+    major, minor = _sdpa_cuda.install(_sdpa_cuda.capability_of(request.get("gpu_generation")))
     notes.append(
         "traced on the CPU emulating CUDA: storages rounded to 512 bytes, optimizers default to "
-        "foreach and autocast casts as on CUDA"
+        "foreach, autocast casts as on CUDA, attention and dropout run CUDA's kernels "
+        f"(sm{major}{minor})"
     )
     return notes
 

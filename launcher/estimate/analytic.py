@@ -5,8 +5,8 @@ exact for the architectures below (checked against the published counts in the t
 Activations follow Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
 Transformer Models", section 4.1: per layer and sample, with 16-bit activations,
 
-    attention  11 s h + 5 a s^2      (the 5 a s^2 of the scores and softmax vanish with
-                                      flash / SDPA attention, which keeps O(a s) statistics)
+    attention  11 s h + 5 a s^2      (the 5 a s^2 of the scores, softmax and dropout mask
+                                      vanish with a fused kernel, which keeps O(a s) statistics)
     MLP        3 s h + 4 s I         (the paper's 19 s h at I = 4h; a gated SwiGLU MLP keeps
                                       2 s h + 8 s I: gate, up, activation and product outputs)
     norms      4 s h
@@ -14,6 +14,11 @@ Transformer Models", section 4.1: per layer and sample, with 16-bit activations,
 plus the logits, often the largest tensor: s V bytes of 16-bit logits, and the loss's fp32 copy
 and its gradient (8 s V). Activation checkpointing of each layer (what the templates apply to the
 ``wrap_modules()`` blocks) keeps each layer's 2 s h input and recomputes one layer at a time.
+Selective checkpointing is the templates' op-level policy (torchtitan's, not Korthikanti's: the
+paper's selective recomputation keeps the 34 s h and drops the 5 a s^2, which flash attention
+already drops, so with SDPA it would save nothing): each layer keeps its input, its attention
+output (2 s h) and the output of every other matmul in the order the layer runs them
+(``_selective_layer``), and recomputes the rest, one layer at a time.
 fp32 activations double every term. ``--params`` alone gives exact model states and says that
 activations are unknown.
 
@@ -32,6 +37,7 @@ mel bins).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +51,19 @@ LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe", "gem
 #: cross-attention (T5 with its relative position biases; BART and Whisper with learned ones).
 ENCODER_DECODER = ("t5", "mt5", "bart", "mbart", "whisper")
 SUPPORTED = (*LLAMA_LIKE, "gpt2", "gpt_neox", "bert", "roberta", *ENCODER_DECODER)
+#: The attention kernels an estimate can assume (``--attention``): flash attention and the
+#: memory-efficient kernel keep O(s) statistics per head; math keeps the s x s scores,
+#: probabilities and dropout mask (the 5 a s^2 term).
+ATTENTION = ("flash", "efficient", "math")
+#: A config's ``attn_implementation`` (transformers' names) -> the kernel it runs on a GPU;
+#: ``sdpa`` (transformers' default) and an absent one: what PyTorch's SDPA picks (None).
+CONFIG_ATTENTION = {"eager": "math", "flash_attention_2": "flash", "flash_attention_3": "flash",
+                    "sdpa": None}
+#: model_type values whose attention projects queries, keys and values in one matmul (and, for
+#: phi3, whose MLP projects gate and up in one): selective checkpointing keeps every other
+#: matmul output, so the grouping decides which are kept.
+FUSED_QKV = ("gpt2", "gpt_neox", "phi3")
+FUSED_GATE_UP = ("phi3",)
 
 
 @dataclass(frozen=True)
@@ -75,6 +94,16 @@ class ModelShape:
     #: tokens, the rest the decoder's, which matters for FLOPs when the two lengths differ.
     encoder_parameters: int = 0
     audio_channels: int = 0  # Whisper's mel bins: the convolution front end's input channels
+    #: The attention kernel (one of ATTENTION); None: what CUDA's SDPA picks, a fused kernel
+    #: on an Ampere or newer GPU for every precision (flash for 16-bit, memory-efficient for
+    #: fp32; launcher/estimate/_sdpa_cuda.py has the rules).
+    attention: str | None = None
+
+    @property
+    def fused_attention(self) -> bool:
+        """Whether attention keeps O(s) statistics (flash, efficient) rather than the s x s
+        scores (math: eager implementations, or SDPA's fallback)."""
+        return self.attention != "math"
 
     @property
     def encoder_decoder(self) -> bool:
@@ -85,13 +114,39 @@ class ModelShape:
         return None not in (self.layers, self.hidden, self.heads, self.vocab, self.seq_len,
                             self.intermediate)
 
-    def activation_bytes_per_sample(self, *, element_bytes: int = 2, flash: bool = True,
-                                    checkpointing: bool = False) -> int | None:
+    def _selective_layer(self, t: int, cross: int = 0) -> int:
+        """Elements one layer keeps under selective checkpointing at length ``t`` (``cross``:
+        attending to an encoder of that length): its input, each attention's output, and the
+        outputs of the 1st, 3rd, 5th... matmul it runs (projections of queries, keys and
+        values, output; MLP in, out). A mixture of experts runs a data-dependent number of
+        matmuls; counted as ``experts_per_token`` MLPs in a row."""
+        h, a, i = self.hidden, self.heads, self.intermediate
+        assert h is not None and a is not None and i is not None
+        kv = h * (self.kv_heads or a) // a
+        fused = self.model_type in FUSED_QKV
+        outputs = [t * (h + 2 * kv)] if fused else [t * h, t * kv, t * kv]
+        outputs.append(t * h)
+        if cross:
+            outputs += [t * h, cross * kv, cross * kv, t * h]
+        if not self.gated_mlp:
+            mlp = [t * i, t * h]
+        elif self.model_type in FUSED_GATE_UP:
+            mlp = [2 * t * i, t * h]
+        else:
+            mlp = [t * i, t * i, t * h]
+        outputs += mlp * self.experts_per_token
+        attention_outputs = t * h * (2 if cross else 1)
+        return t * h + attention_outputs + sum(outputs[::2])
+
+    def activation_bytes_per_sample(self, *, element_bytes: int = 2, flash: bool | None = None,
+                                    checkpointing: bool | str = False) -> int | None:
         if not self.knows_activations:
             return None
         s, h, a, i, v, n = (self.seq_len, self.hidden, self.heads, self.intermediate, self.vocab,
                             self.layers)
         assert None not in (s, h, a, i, v, n)
+        if flash is None:
+            flash = self.fused_attention
         scale = element_bytes / 2  # the formulas are for 16-bit activations
 
         def layer_at(t: int, cross: int = 0) -> float:
@@ -115,6 +170,13 @@ class ModelShape:
             edges += (4 * e * h + 4 * self.audio_channels * e + 10 * e * h * (
                 self.audio_channels > 0)) * scale
             kept += ne * 2 * e * h * scale
+        if checkpointing == "selective":
+            # every layer keeps its input and what the policy saves; one layer at a time has the
+            # rest recomputed (that layer whole: its kept part is not counted twice)
+            decoder = self._selective_layer(s, e if ne else 0) * element_bytes
+            encoder = self._selective_layer(e) * element_bytes if ne else 0
+            whole = max(layer - decoder, layer_at(e) - encoder if ne else 0)
+            return int(n * decoder + ne * encoder + whole + logits + edges)
         if checkpointing:  # one layer recomputed at a time: the larger of the two kinds
             return int(kept + max(layer, layer_at(e) if ne else 0) + logits + edges)
         return int(n * layer + ne * layer_at(e) + logits + edges)
@@ -200,8 +262,22 @@ def _jsonable(value: Any) -> bool:
     return True
 
 
-def shape_from_config(config: dict[str, Any], *, seq_len: int | None = None) -> ModelShape:
-    """An exact parameter count and the shape from a Hugging Face ``config.json``."""
+def shape_from_config(config: dict[str, Any], *, seq_len: int | None = None,
+                      attention: str | None = None) -> ModelShape:
+    """An exact parameter count and the shape from a Hugging Face ``config.json``;
+    ``attention`` (``--attention``) overrides the kernel the config names."""
+    shape = _shape_from_config(config, seq_len=seq_len)
+    return dataclasses.replace(shape, attention=attention or _config_attention(config))
+
+
+def _config_attention(config: dict[str, Any]) -> str | None:
+    """The kernel a config's ``attn_implementation`` runs (None: SDPA's choice); a name launch
+    does not know (flex attention, a hub kernel) is left to SDPA's choice too."""
+    name = config.get("attn_implementation", config.get("_attn_implementation"))
+    return CONFIG_ATTENTION.get(name) if isinstance(name, str) else None
+
+
+def _shape_from_config(config: dict[str, Any], *, seq_len: int | None = None) -> ModelShape:
     kind = config.get("model_type")
     if kind not in SUPPORTED:
         raise UsageError(f"model_type {_show(kind)} is not one launch can size from its config",
@@ -335,13 +411,14 @@ def _encoder_decoder_shape(config: dict[str, Any], kind: str, *, seq_len: int | 
                       encoder_parameters=encoder, audio_channels=audio)
 
 
-def load_config(path: Path, *, seq_len: int | None = None) -> ModelShape:
+def load_config(path: Path, *, seq_len: int | None = None, attention: str | None = None
+                ) -> ModelShape:
     """The shape of the model ``--model-config`` describes; a UsageError that names the file
     (and the field) for a file that is missing, a folder, not JSON, or not a config launch can
     size."""
     config = read_config(path)
     try:
-        return shape_from_config(config, seq_len=seq_len)
+        return shape_from_config(config, seq_len=seq_len, attention=attention)
     except UsageError as exc:
         raise UsageError(f"{path}: {exc.message}", exc.hint) from None
 
@@ -370,7 +447,8 @@ def read_config(path: Path) -> dict[str, Any]:
 
 def shape_from_params(parameters: int, *, layers: int | None = None, hidden: int | None = None,
                       heads: int | None = None, vocab: int | None = None,
-                      seq_len: int | None = None, intermediate: int | None = None) -> ModelShape:
+                      seq_len: int | None = None, intermediate: int | None = None,
+                      attention: str | None = None) -> ModelShape:
     """``--params 30B`` with whatever shape flags were given; the rest stays unknown."""
     if intermediate is None and hidden is not None:
         intermediate = 4 * hidden
@@ -383,4 +461,4 @@ def shape_from_params(parameters: int, *, layers: int | None = None, hidden: int
         layer = (parameters - embed) // layers
     return ModelShape(parameters=parameters, layers=layers, hidden=hidden, heads=heads,
                       kv_heads=heads, intermediate=intermediate, vocab=vocab, seq_len=seq_len,
-                      gated_mlp=gated, layer_parameters=layer)
+                      gated_mlp=gated, layer_parameters=layer, attention=attention)

@@ -51,8 +51,8 @@ def foreach_temporary(trainable: int, optimizer: str, precision: str) -> int:
     return trainable * (2 if precision == "bf16" else 4)
 
 
-def from_shape(shape: ModelShape, *, precision: str, optimizer: str, checkpointing: bool,
-               flash: bool = True, kind: str = "config") -> Footprint:
+def from_shape(shape: ModelShape, *, precision: str, optimizer: str, checkpointing: bool | str,
+               flash: bool | None = None, kind: str = "config") -> Footprint:
     """The analytic footprint: exact model states, formula activations (None if unknown)."""
     states = model_states(shape.parameters, precision, optimizer)
     element = 4 if precision == "fp32" else 2

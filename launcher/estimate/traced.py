@@ -18,6 +18,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import json
+import math
 import os
 import signal
 import subprocess
@@ -27,7 +28,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from launcher.plan.plan import Memory
+from launcher.plan.plan import Memory, checkpointing_key
 
 Kind = Literal["traced", "real_run", "upper_bound"]
 DEFAULT_SIZES: tuple[int, ...] = (1, 2, 4)
@@ -146,6 +147,10 @@ class TraceResult:
     flops_per_sample: float | None = None  # with count_flops: forward + backward of one sample
     strategy: str = "single"  # the strategy traced (ddp, fsdp, hybrid_shard: one rank of it)
     script_sha256: str | None = None  # the rendered training script whose step was traced
+    #: CUDA estimates: the caching allocator replayed over the traced allocations, from the
+    #: build to the end of the steady step at ``micro_batch`` (``_replay``): per allocator
+    #: setting (``default``, ``expandable_segments``) its peaks in bytes.
+    allocator: dict[str, Any] = field(default_factory=dict)
 
     @property
     def is_bound(self) -> bool:
@@ -241,11 +246,35 @@ class TraceResult:
 
         ``optimizer`` is the persistent state; what an optimizer step allocates on top of it
         (foreach intermediates) is ``temporary``, with the backward pass's activation gradients
-        and kernels' scratch. Buffers count as parameters. GPU-side overheads (CUDA context,
-        allocator reserve) are not traced: ``framework_overhead``, ``peak_reserved``, ``total``
-        and ``capacity`` stay None for the planner's later stages to fill.
+        and kernels' scratch. Buffers count as parameters. ``peak_reserved`` is the caching
+        allocator's (``reserve_ratio``) where the trace replayed it (CUDA estimates), else
+        None. GPU-side overheads (CUDA context, libraries) are not traced:
+        ``framework_overhead``, ``total`` and ``capacity`` stay None for the planner's later
+        stages to fill.
         """
-        return _memory(self.breakdown_at(micro_batch, accum), self.optimizer_state_bytes)
+        memory = _memory(self.breakdown_at(micro_batch, accum), self.optimizer_state_bytes)
+        ratio = self.reserve_ratio()
+        if ratio is None or memory.peak_allocated is None:
+            return memory
+        return replace(memory, peak_reserved=math.ceil(memory.peak_allocated * ratio))
+
+    def reserve_ratio(self, expandable_segments: bool = False) -> float | None:
+        """Reserved bytes per traced byte at the peak, from the allocator's replay at the traced
+        size (``allocator``), or None where nothing was replayed (a CPU estimate, a trace
+        whose events were over the cap).
+
+        The replay is at one micro-batch (the steady step's); other sizes carry its ratio (a
+        ratio, not bytes: the slack grows with the blocks it comes from), and a depth-scaled
+        trace carries its deeper trace's (``allocator`` is the deeper trace's). Extrapolating
+        reserved and requested bytes along the depth line instead was worse: the slack is not
+        linear in the blocks (a 12-block GPT: 1.00 extrapolated from 2 and 4 blocks, 1.12
+        carried, 1.156 replayed whole; the 7B Llama shape: 1.009, 1.054 and 1.032).
+        """
+        replayed = self.allocator.get(
+            "expandable_segments" if expandable_segments else "default")
+        if not replayed or not replayed["peak_requested"]:
+            return None
+        return max(1.0, replayed["peak_reserved"] / replayed["peak_requested"])
 
     @property
     def model_state_bytes(self) -> int:
@@ -347,7 +376,7 @@ def trace_recipe(
     micro_batch_sizes: tuple[int, ...] | list[int] = DEFAULT_SIZES,
     precision: str = "fp32",
     optimizer: str | None = None,
-    activation_checkpointing: bool = False,
+    activation_checkpointing: bool | str = False,  # True: full; "selective"
     grad_accum_steps: int = 1,
     device: Literal["cuda", "cpu"] = "cuda",
     timeout_s: float = DEFAULT_TIMEOUT_S,
@@ -362,6 +391,7 @@ def trace_recipe(
     scale_depth: bool = True,
     strategy: dict[str, Any] | None = None,
     count_flops: bool = False,
+    gpu_generation: str | None = None,
     jobs: int = 2,
     python: str | None = None,
     batch_shapes: Any = None,
@@ -386,6 +416,8 @@ def trace_recipe(
     "hybrid_shard", "world_size": N, "replicas": R (hybrid: R replicas of N / R shards),
     "reshard_after_forward": bool}``; the result is rank 0's memory (docs/estimator.md).
     ``count_flops`` also counts one sample's training FLOPs (``flops_per_sample``).
+    ``gpu_generation`` (a catalog generation: ampere, hopper, volta...) is the GPU whose attention
+    kernels a CUDA trace emulated on the CPU picks by PyTorch's rules (default: Ampere or newer).
 
     Raises ``TraceError`` (with the user's file:line when the error is in their code) or
     ``TraceTimeout``.
@@ -397,6 +429,7 @@ def trace_recipe(
         weight_decay=weight_decay, seed=seed, verify_sizes=verify_sizes,
         data_dependent=data_dependent, real_run_limit_bytes=real_run_limit_bytes,
         foreach=foreach, scale_depth=scale_depth, strategy=strategy, count_flops=count_flops,
+        gpu_generation=gpu_generation,
     )
     if batch_shapes is not None:
         request["batch_shapes"] = batch_shapes
@@ -548,7 +581,7 @@ def _request(
     micro_batch_sizes: tuple[int, ...] | list[int] = DEFAULT_SIZES,
     precision: str = "fp32",
     optimizer: str | None = None,
-    activation_checkpointing: bool = False,
+    activation_checkpointing: bool | str = False,  # True: full; "selective"
     grad_accum_steps: int = 1,
     device: str = "cuda",
     max_grad_norm: float | None = 1.0,
@@ -562,6 +595,7 @@ def _request(
     scale_depth: bool = True,
     strategy: dict[str, Any] | None = None,
     count_flops: bool = False,
+    gpu_generation: str | None = None,
 ) -> dict[str, Any]:
     """Validate the arguments (here, not in the child: a usage error costs no process)."""
     sizes = tuple(sorted({int(b) for b in micro_batch_sizes}))
@@ -584,7 +618,7 @@ def _request(
         "verify_sizes": [int(b) for b in verify_sizes],
         "precision": precision,
         "optimizer": optimizer,
-        "activation_checkpointing": bool(activation_checkpointing),
+        "activation_checkpointing": checkpointing_key(activation_checkpointing),
         "grad_accum_steps": int(grad_accum_steps),
         "device": device,
         "max_grad_norm": max_grad_norm,
@@ -598,6 +632,8 @@ def _request(
     }
     if real_run_limit_bytes is not None:
         request["real_run_limit_bytes"] = int(real_run_limit_bytes)
+    if gpu_generation is not None:
+        request["gpu_generation"] = str(gpu_generation)
     if strategy is not None:
         request["strategy"] = _strategy(strategy)
         # Traced whole: a rank's peak is not linear in the depth. DDP's gradient buckets are
@@ -665,7 +701,7 @@ def measure_recipe(
     micro_batch: int,
     precision: str = "fp32",
     optimizer: str | None = None,
-    activation_checkpointing: bool = False,
+    activation_checkpointing: bool | str = False,  # True: full; "selective"
     grad_accum_steps: int = 1,
     max_grad_norm: float | None = 1.0,
     seed: int = 0,
@@ -685,7 +721,7 @@ def measure_recipe(
         "micro_batch": int(micro_batch),
         "precision": precision,
         "optimizer": optimizer,
-        "activation_checkpointing": bool(activation_checkpointing),
+        "activation_checkpointing": checkpointing_key(activation_checkpointing),
         "grad_accum_steps": int(grad_accum_steps),
         "max_grad_norm": max_grad_norm,
         "seed": seed,
@@ -934,7 +970,26 @@ def _result(answer: dict[str, Any], request: dict[str, Any]) -> TraceResult:
         flops_per_sample=facts.get("flops_per_sample"),
         strategy=(request.get("strategy") or {}).get("name", "single"),
         script_sha256=answer.get("script_sha256"),
+        allocator=_replay(answer),
     )
+
+
+def _replay(answer: dict[str, Any]) -> dict[str, Any]:
+    """The caching allocator over the allocations the child recorded (``allocator_events``:
+    build, step 1 and the steady step at ``b0``, in order), with the default settings and with
+    ``expandable_segments:True``. Empty when none were recorded."""
+    from launcher.estimate.allocator import AllocatorConfig, replay
+
+    events = answer.get("allocator_events")
+    if not events:
+        return {}
+    out: dict[str, Any] = {"micro_batch": answer["b0"], "events": len(events)}
+    for name, config in (("default", AllocatorConfig()),
+                         ("expandable_segments", AllocatorConfig(expandable_segments=True))):
+        r = replay(events, config)
+        out[name] = {"peak_requested": r.peak_requested, "peak_allocated": r.peak_allocated,
+                     "peak_reserved": r.peak_reserved, "segments": r.segments}
+    return out
 
 
 # ----------------------------------------------------------------------------------------------

@@ -1,11 +1,13 @@
 """What a plan costs: step time from FLOPs and communication, times the machine's price.
 
 step time = compute + communication, with
-  compute = global batch x training FLOPs per sample x (4/3 with activation checkpointing: one
-            more forward) / (GPUs x peak rate x MFU);
+  compute = global batch x training FLOPs per sample x (4/3 with full activation
+            checkpointing: one more forward; 7/6 with selective: about half of each block's
+            matmuls again, ``RECOMPUTE``) / (GPUs x peak rate x MFU);
   communication, per optimizer step and GPU: DDP all-reduces the gradients once (2 (n-1)/n of
   their bytes on the wire), FSDP all-gathers the parameters for forward and backward and
-  reduce-scatters the gradients (3 (n-1)/n of their bytes), over NVLink within a node and the
+  reduce-scatters the gradients (3 (n-1)/n of their bytes; ZeRO-2, which keeps the gathered
+  parameters from forward to backward, gathers once: 2 (n-1)/n), over NVLink within a node and the
   network between nodes; a plan that reduce-scatters on every micro-step
   (``Plan.reduce_every_micro_step``) does that last part once per micro-step. It is added
   without overlap: a cost model should not flatter a plan.
@@ -16,9 +18,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from launcher.plan.plan import checkpointing_mode
+
 #: Model FLOPs utilisation assumed for dense transformer training with PyTorch (torchtitan reports
 #: roughly 35-50% for Llama 3 8B on H100 with FSDP2; 40% is the middle).
 ASSUMED_MFU = 0.40
+#: A step's compute relative to no checkpointing. Full: each block's forward runs again (the
+#: forward is a third of forward + backward). Selective (the templates' op-level policy) recomputes
+#: the matmuls whose outputs it does not keep, every other one, and the element-wise ops, whose
+#: FLOPs are negligible: at most half the forward's matmul FLOPs, +1/6 (39% of them for a Llama
+#: block, 42% for GPT-2's, by their shapes; attention is kept, not recomputed).
+RECOMPUTE = {"none": 1.0, "selective": 7 / 6, "full": 4 / 3}
 
 
 @dataclass(frozen=True)
@@ -37,13 +47,13 @@ class Cost:
 
 
 def step_cost(*, flops_per_sample: float | None, global_batch: int, world: int, nodes: int,
-              strategy: str, checkpointing: bool, gradient_bytes: int | None,
+              strategy: str, checkpointing: bool | str, gradient_bytes: int | None,
               parameter_bytes_compute: int | None, steps: int, hw: Hardware,
-              reduce_scatters: int = 1) -> Cost:
+              reduce_scatters: int = 1, gathers: int = 2) -> Cost:
     price = None if hw.price_per_hour is None else hw.price_per_hour * nodes
     if flops_per_sample is None or not hw.peak_tflops:
         return Cost(None, price, None)
-    flops = global_batch * flops_per_sample * (4 / 3 if checkpointing else 1.0)
+    flops = global_batch * flops_per_sample * RECOMPUTE[checkpointing_mode(checkpointing)]
     compute = flops / (world * hw.peak_tflops * 1e12 * ASSUMED_MFU)
     comm = 0.0
     if world > 1:
@@ -55,8 +65,9 @@ def step_cost(*, flops_per_sample: float | None, global_batch: int, world: int, 
         if strategy == "ddp" and gradient_bytes:
             comm = 2 * factor * gradient_bytes / bandwidth
         elif strategy in ("fsdp", "hybrid_shard", "smp_v2") and parameter_bytes_compute:
-            # two all-gathers (forward, backward) and the reduce-scatter(s) of the gradients
-            comm = (2 + reduce_scatters) * factor * parameter_bytes_compute / bandwidth
+            # all-gathers (forward, and backward unless ZeRO-2 kept the parameters) and the
+            # reduce-scatter(s) of the gradients
+            comm = (gathers + reduce_scatters) * factor * parameter_bytes_compute / bandwidth
     step = compute + comm
     total = None if price is None else steps * step * price / 3600
     return Cost(step, price, total)

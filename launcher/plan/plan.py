@@ -14,10 +14,39 @@ from typing import Any, Literal
 Strategy = Literal["single", "ddp", "fsdp", "hybrid_shard", "smp_v2"]
 Precision = Literal["fp32", "bf16_mixed", "bf16"]
 Optimizer = Literal["adamw", "sgd", "adafactor", "adam8bit"]
+#: Activation checkpointing of the ``wrap_modules()`` blocks: none; selective (op-level, as
+#: torchtitan does it: each block keeps its matmul and attention outputs, and recomputes the
+#: cheap rest: norms, activations, casts); full (each block keeps its input only and recomputes
+#: its whole forward in the backward pass).
+Checkpointing = Literal["none", "selective", "full"]
 
 STRATEGIES: tuple[str, ...] = ("single", "ddp", "fsdp", "hybrid_shard", "smp_v2")
 PRECISIONS: tuple[str, ...] = ("fp32", "bf16_mixed", "bf16")
 OPTIMIZERS: tuple[str, ...] = ("adamw", "sgd", "adafactor", "adam8bit")
+CHECKPOINTING: tuple[str, ...] = ("none", "selective", "full")
+
+
+def checkpointing_mode(value: bool | str | None) -> str:
+    """The checkpointing mode of a value from anywhere: a mode itself, or the older boolean
+    (``activation_checkpointing``: True was, and still means, full checkpointing).
+
+    The estimator and the trace pass the choice on as ``False | True | "selective"`` so that
+    every ``if checkpointing:`` written for the boolean keeps meaning "some checkpointing"; this
+    is where either spelling becomes a mode."""
+    if value is None or value is False or value == "none":
+        return "none"
+    if value is True or value == "full":
+        return "full"
+    if value == "selective":
+        return "selective"
+    raise ValueError(f"unknown activation checkpointing {value!r} (none, selective, full)")
+
+
+def checkpointing_key(mode: str) -> bool | str:
+    """The estimator's key for a mode: False, True (full) or "selective" (see
+    ``checkpointing_mode``)."""
+    mode = checkpointing_mode(mode)
+    return mode == "full" if mode != "selective" else "selective"
 
 
 @dataclass(frozen=True)
@@ -58,7 +87,7 @@ class Plan:
     global_batch_size: int
     precision: Precision
     optimizer: Optimizer
-    activation_checkpointing: bool
+    activation_checkpointing: bool  # some checkpointing: selective or full (``checkpointing``)
     steps: int
     lr: float
     seq_len: int | None = None
@@ -82,10 +111,41 @@ class Plan:
     expandable_segments: bool = False
     # Why this candidate exists, in words ("as asked", "micro-batch 8 -> 4, 2 accumulation steps").
     note: str = ""
+    # none | selective | full. Added after ``activation_checkpointing``, which stays (the JSON
+    # contract) and says whether there is any: a plan.json without this field is the boolean's
+    # none or full; one with both must agree (``__post_init__``).
+    checkpointing: Checkpointing | None = None
+
+    def __post_init__(self) -> None:
+        some = bool(self.activation_checkpointing)
+        if self.checkpointing is None:
+            object.__setattr__(self, "checkpointing", "full" if some else "none")
+            return
+        mode = checkpointing_mode(self.checkpointing)
+        if (mode != "none") != some:
+            raise ValueError(f"activation_checkpointing={self.activation_checkpointing} "
+                             f"contradicts checkpointing={mode!r}")
+        object.__setattr__(self, "checkpointing", mode)
 
     @property
     def world_size(self) -> int:
         return self.nodes * self.gpus_per_node
+
+    @property
+    def zero2(self) -> bool:
+        """A sharded plan that keeps each unit's gathered parameters from its forward to its
+        backward (FSDP2 ``reshard_after_forward=False``): gradients and optimizer state sharded,
+        parameters whole while they compute, as ZeRO stage 2 does; one all-gather per unit
+        and step fewer than full sharding."""
+        return self.strategy in ("fsdp", "hybrid_shard") and not self.reshard_after_forward
+
+    @property
+    def strategy_label(self) -> str:
+        """The strategy as a table and a reason show it: ``fsdp``, or ``fsdp zero2`` and
+        ``hybrid zero2`` (no wider than ``hybrid_shard``: the plan table's width is fixed)."""
+        if not self.zero2:
+            return self.strategy
+        return ("hybrid" if self.strategy == "hybrid_shard" else self.strategy) + " zero2"
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -98,4 +158,11 @@ class Plan:
         return cls(**values)
 
     def replace(self, **changes: Any) -> Plan:
+        """A copy with ``changes``; changing only one of ``activation_checkpointing`` and
+        ``checkpointing`` changes the other with it (True is full checkpointing)."""
+        if "checkpointing" in changes and "activation_checkpointing" not in changes:
+            changes["activation_checkpointing"] = (
+                checkpointing_mode(changes["checkpointing"]) != "none")
+        elif "activation_checkpointing" in changes and "checkpointing" not in changes:
+            changes["checkpointing"] = checkpointing_mode(bool(changes["activation_checkpointing"]))
         return dataclasses.replace(self, **changes)

@@ -4,9 +4,21 @@ The remedies are tried in the order the seeds teach, least invasive first, on ea
 
     0. as asked: single process, or DDP over the GPUs, the whole per-rank batch at once
     1. a smaller micro-batch with gradient accumulation (the global batch is kept)
-    2. activation checkpointing of the ``wrap_modules()`` blocks
-    3. sharding the model states (FSDP; hybrid sharding across nodes), with 1 and 2 again
+    2. activation checkpointing of the ``wrap_modules()`` blocks: selective first (it keeps the
+       matmul and attention outputs and recomputes the cheap rest, about +1/6 compute), then
+       full (each block's input only, +1/3 compute)
+    3. sharding the model states, with 1 and 2 again: ZeRO-2 first (FSDP with
+       ``reshard_after_forward=False``: gradients and optimizer state sharded, each unit's
+       gathered parameters kept from its forward to its backward: one all-gather per step, as
+       much communication as DDP's all-reduce), then full sharding (FSDP; hybrid sharding across
+       nodes: the backward gathers each unit again, 1.5 x the communication, for the whole
+       model's compute-dtype parameters less per GPU)
     4. more nodes, sharded
+
+Checkpointing comes before sharding although full checkpointing costs more step time than
+ZeRO-2 on fast links: it leaves the strategy, and with it the script's state dicts and the
+number of collectives, as asked (the seeds' order); ZeRO-2 + full checkpointing is not a rung of
+its own unless full is pinned (FSDP holds less at the same compute, so it comes first).
 
 What the user pinned stays pinned. With ``--machine`` the answer is the first rung that fits on
 that machine; without it, every machine of the provider's catalog is planned this way and the
@@ -25,10 +37,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from launcher.estimate.footprint import Footprint
-from launcher.estimate.overheads import SAFETY_MARGIN, gpu_overheads
+from launcher.estimate.overheads import PCIE5_GBYTES_PER_S, SAFETY_MARGIN, gpu_overheads
 from launcher.plan import reasons
 from launcher.plan.cost import Hardware, step_cost
-from launcher.plan.plan import Memory, Plan
+from launcher.plan.plan import Memory, Plan, checkpointing_key, checkpointing_mode
 from launcher.spec import Spec
 from launcher.status import ExitStatus, LaunchError, UsageError
 
@@ -36,8 +48,9 @@ from launcher.status import ExitStatus, LaunchError, UsageError
 RUNNABLE_STRATEGIES = ("single", "ddp", "fsdp", "hybrid_shard")
 SHARDED = ("fsdp", "hybrid_shard", "smp_v2")
 
-#: (precision, optimizer, activation checkpointing) -> the single-device footprint.
-Estimator = Callable[[str, str, bool], Footprint]
+#: (precision, optimizer, activation checkpointing) -> the single-device footprint. Checkpointing
+#: is False, True (full) or "selective" (``plan.checkpointing_key``): False and True as before.
+Estimator = Callable[[str, str, bool | str], Footprint]
 
 
 @dataclass(frozen=True)
@@ -62,6 +75,9 @@ class Target:
     #: than predicted this model allocated. Defaults: the overheads module's, and 1.
     reserve_ratio: float | None = None
     allocated_scale: float = 1.0
+    #: The CUDA (major, minor) the job's image runs (``overheads.image_cuda``); None: one with
+    #: lazy module loading (CUDA 11.7+), as every default image. Sizes the CUDA context.
+    cuda: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -147,6 +163,9 @@ def shard_degree(strategy: str, nodes: int, gpus: int) -> int:
 
 #: Strategies a recipe's trace can run at their world size (one rank, a fake process group).
 TRACED_AT_WORLD_SIZE = ("fsdp", "hybrid_shard")
+#: Sharded strategies that can keep the gathered parameters from forward to backward (ZeRO-2:
+#: FSDP2's ``reshard_after_forward=False``, ``Plan.reshard_after_forward``).
+ZERO2 = ("fsdp", "hybrid_shard")
 #: Sharded strategies whose script can reduce-scatter on every micro-step
 #: (``Plan.reduce_every_micro_step``, FSDP2's ``set_requires_gradient_sync``).
 REDUCE_EVERY_MICRO_STEP = ("fsdp", "hybrid_shard")
@@ -165,28 +184,37 @@ def reduces_every_micro_step(strategy: str, nodes: int, gpus: int, accum: int,
 
 
 def per_gpu_memory(fp: Footprint, target: Target, strategy: str, nodes: int, gpus: int,
-                   micro: int, accum: int = 1, reduce_every: bool = False) -> Memory:
+                   micro: int, accum: int = 1, reduce_every: bool = False,
+                   reshard_after_forward: bool = True) -> Memory:
     """The footprint at ``micro`` under ``strategy``, with the GPU-side overheads.
 
     A sharded plan is first sized by sharding the single-device footprint phase by phase; when
     that lands near the machine's capacity and the footprint can trace one rank of the strategy
     (``Footprint.rank_memory_at``: a recipe), the rank's own trace replaces it.
     ``reduce_every``: the plan reduce-scatters on every micro-step (``Plan.
-    reduce_every_micro_step``), so its ranks hold gradient shards, not the unsharded gradient."""
+    reduce_every_micro_step``), so its ranks hold gradient shards, not the unsharded gradient.
+    ``reshard_after_forward`` False: ZeRO-2 (``ZERO2`` strategies), each unit's gathered
+    parameters held from its forward to its backward."""
     reduce_every = reduces_every_micro_step(strategy, nodes, gpus, accum, reduce_every)
-    memory = _scaled_gpu_memory(fp, target, strategy, nodes, gpus, micro, accum, reduce_every)
+    zero2 = not reshard_after_forward and strategy in ZERO2
+    memory = _scaled_gpu_memory(fp, target, strategy, nodes, gpus, micro, accum, reduce_every,
+                                zero2)
     usable = None if memory.capacity is None else memory.capacity * (1 - SAFETY_MARGIN)
     if (fp.rank_memory_at is not None and strategy in TRACED_AT_WORLD_SIZE
             and memory.total is not None and usable and not target.address_space_cap
             and abs(memory.total - usable) <= NEAR_CAPACITY * usable):
+        # ZeRO-2 is traced as such (the trace writes reshard_after_forward into the script's
+        # plan values); the keyword only where it differs, for footprints that predate it.
+        kept = {"reshard_after_forward": False} if zero2 else {}
         if reduce_every:
-            rank = _rank_reducing_every_micro_step(fp, strategy, nodes, gpus, micro, accum)
+            rank = _rank_reducing_every_micro_step(fp, strategy, nodes, gpus, micro, accum,
+                                                   **kept)
         else:
-            rank = fp.rank_memory_at(strategy, nodes, gpus, micro, accum)
+            rank = fp.rank_memory_at(strategy, nodes, gpus, micro, accum, **kept)
         if rank is not None:
             traced = _with_overheads(rank.parameters, rank.gradients, rank.optimizer,
                                      rank.activations, rank.temporary, rank.peak_allocated,
-                                     target, nodes * gpus)
+                                     target, nodes * gpus, _replayed_ratio(rank))
             if not reduce_every or (traced.peak_allocated or 0) < (memory.peak_allocated
                                                                   or math.inf):
                 return traced
@@ -194,7 +222,7 @@ def per_gpu_memory(fp: Footprint, target: Target, strategy: str, nodes: int, gpu
 
 
 def _rank_reducing_every_micro_step(fp: Footprint, strategy: str, nodes: int, gpus: int,
-                                    micro: int, accum: int) -> Memory | None:
+                                    micro: int, accum: int, **kept: bool) -> Memory | None:
     """One rank of a plan that reduce-scatters on every micro-step, from its trace without
     accumulation.
 
@@ -207,7 +235,8 @@ def _rank_reducing_every_micro_step(fp: Footprint, strategy: str, nodes: int, gp
     shard more. So: the trace at ``accum=1`` plus those bytes. When that trace peaks in the
     optimizer step (whose gradient shards it already counts) this is on the safe side by the
     shards; ``per_gpu_memory`` keeps the smaller of it and the scaled estimate, both bounds."""
-    rank = fp.rank_memory_at(strategy, nodes, gpus, micro, 1)
+    assert fp.rank_memory_at is not None
+    rank = fp.rank_memory_at(strategy, nodes, gpus, micro, 1, **kept)
     whole = fp.memory_at(micro, accum).gradients
     if rank is None or rank.peak_allocated is None or whole is None:
         return None
@@ -220,8 +249,10 @@ def _rank_reducing_every_micro_step(fp: Footprint, strategy: str, nodes: int, gp
 
 
 def _scaled_gpu_memory(fp: Footprint, target: Target, strategy: str, nodes: int, gpus: int,
-                       micro: int, accum: int, reduce_every: bool = False) -> Memory:
-    """The single-device footprint at ``micro`` sharded as ``strategy`` shards it."""
+                       micro: int, accum: int, reduce_every: bool = False,
+                       zero2: bool = False) -> Memory:
+    """The single-device footprint at ``micro`` sharded as ``strategy`` shards it (``zero2``:
+    keeping the gathered parameters from forward to backward)."""
     single = fp.memory_at(micro, accum)
     degree = shard_degree(strategy, nodes, gpus)
 
@@ -239,16 +270,27 @@ def _scaled_gpu_memory(fp: Footprint, target: Target, strategy: str, nodes: int,
         peak = single.peak_allocated
     else:
         compute_bytes = 4 if fp.precision == "fp32" else 2
-        # FSDP holds the current unit unsharded, prefetches the next, and the unit's unsharded
-        # gradients before their reduce-scatter: three units' worth at the peak.
-        gather = None if fp.unit_parameters is None else 3 * fp.unit_parameters * compute_bytes
+        # ZeRO-2 keeps every unit it gathered until that unit's backward: at the end of the
+        # forward, the whole model in the compute dtype. Counted as parameters (the rank holds
+        # them whatever the micro-batch), in forward and backward; resharded for the optimizer.
+        held = fp.parameters * compute_bytes if zero2 else 0
+        if fp.unit_parameters is None:
+            gather = None
+        elif zero2:
+            # and, in the backward, each unit's unsharded gradients before their reduce-scatter
+            gather = fp.unit_parameters * compute_bytes
+        else:
+            # FSDP holds the current unit unsharded, prefetches the next, and the unit's
+            # unsharded gradients before their reduce-scatter: three units' worth at the peak.
+            gather = 3 * fp.unit_parameters * compute_bytes
         if fp.phases_at is not None and gather is not None:
             # A traced footprint says what is alive at each phase's own peak. Sharding divides
             # the model states, not the activations, so the single device's peak (often the
             # optimizer step, where activations are gone) is not the sharded one (often the
             # backward pass): shard every phase, then take the largest.
+            casts = _autocast_weight_cache(fp, accum) if fp.precision == "bf16_mixed" else {}
             worst = max(_sharded_phases(fp.phases_at(micro, accum), div, gather, accum,
-                                        reduce_every),
+                                        reduce_every, casts, held),
                         key=lambda m: m.peak_allocated or 0, default=None)
             peak = None
             if worst is not None:
@@ -258,23 +300,36 @@ def _scaled_gpu_memory(fp: Footprint, target: Target, strategy: str, nodes: int,
         else:
             parts = (params, grads, opt, activations, temporary, gather)
             peak = None if any(p is None for p in parts) else (
-                params + grads + opt + max(activations + gather, temporary))  # type: ignore
+                params + grads + opt + max(activations + gather + held, temporary))  # type: ignore
+            params = None if params is None else params + held
     return _with_overheads(params, grads, opt, activations, temporary, peak, target,
-                           nodes * gpus)
+                           nodes * gpus, _replayed_ratio(single))
+
+
+def _replayed_ratio(memory: Memory) -> float | None:
+    """The caching allocator's reserved / allocated as a trace replayed it (a traced
+    footprint's ``peak_reserved``), or None (analytic footprints leave it unset)."""
+    if memory.peak_reserved is None or not memory.peak_allocated:
+        return None
+    return memory.peak_reserved / memory.peak_allocated
 
 
 def _with_overheads(params: int | None, grads: int | None, opt: int | None,
                     activations: int | None, temporary: int | None, peak: int | None,
-                    target: Target, world: int) -> Memory:
+                    target: Target, world: int, replayed_ratio: float | None = None) -> Memory:
     """One rank's allocated bytes as a GPU (or this CPU) holds them: calibrated, then the
-    caching allocator's reserve and the CUDA context and libraries on top."""
+    caching allocator's reserve and the CUDA context and libraries on top. The reserve ratio is
+    the calibrated one (measured on this GPU type), else the trace's replay of the allocator
+    (``replayed_ratio``), else the overheads module's default."""
     if peak is not None and target.allocated_scale != 1.0:
         peak = math.ceil(peak * target.allocated_scale)
     capacity = target.memory_bytes
     if target.cpu:
         return Memory(parameters=params, gradients=grads, optimizer=opt, activations=activations,
                       temporary=temporary, peak_allocated=peak, total=peak, capacity=capacity)
-    over = gpu_overheads(target.generation, world, target.reserve_ratio)
+    over = gpu_overheads(target.generation, world, target.reserve_ratio or replayed_ratio,
+                         cuda=target.cuda,  # NCCL's channels: the catalog names NVLink only
+                         nvlink=(target.intra_node_gbytes_per_s or 0) > PCIE5_GBYTES_PER_S)
     reserved = None if peak is None else math.ceil((peak + over.cublas) * over.reserve_ratio)
     total = None if reserved is None else reserved + over.framework
     return Memory(parameters=params, gradients=grads, optimizer=opt, activations=activations,
@@ -282,21 +337,47 @@ def _with_overheads(params: int | None, grads: int | None, opt: int | None,
                   peak_reserved=reserved, total=total, capacity=capacity)
 
 
+def _autocast_weight_cache(fp: Footprint, accum: int) -> dict[str, int]:
+    """Per phase, the bytes of the single device's activations that do not grow with the
+    micro-batch: under bf16_mixed, autocast's bf16 copies of the matmul weights, which the
+    backward keeps (the fits are lines in the micro-batch: this is their activations' value at
+    zero, ``2 a(1) - a(2)``).
+
+    A sharded plan's ranks have no such copies: FSDP's MixedPrecisionPolicy gathers the weights
+    in bf16 (the ``gather`` term of ``_sharded_phases``), and autocast casts nothing that is
+    already bf16. Counting them as well put the scaled figure 38-48% over the traced rank for a
+    150M Llama (docs/benchmarks.md). Under checkpointing the blocks' copies are not kept, and
+    this is (nearly) zero by itself."""
+    if fp.phases_at is None:
+        return {}
+    one, two = fp.phases_at(1, accum), fp.phases_at(2, accum)
+    most = 2 * fp.parameters  # a bf16 copy of every weight: what autocast can cache at most
+    out = {}
+    for phase, m in one.items():
+        other = two.get(phase)
+        if m.activations is not None and other is not None and other.activations is not None:
+            out[phase] = min(most, max(0, 2 * m.activations - other.activations))
+    return out
+
+
 def _sharded_phases(phases: dict[str, Memory], div: Callable[[int | None], int | None],
-                    gather: int, accum: int, reduce_every: bool = False) -> list[Memory]:
+                    gather: int, accum: int, reduce_every: bool = False,
+                    casts: dict[str, int] | None = None, held: int = 0) -> list[Memory]:
     """Each phase's single-device ``Memory`` under a sharding of the model states.
 
     The build is left out: the sharded templates move each block to the GPU as ``fully_shard``
     shards it. Under bf16_mixed the single device's activations include autocast's bf16 copies
-    of the weights, which FSDP replaces by its bf16 gathers (``gather``): counted twice, on the
-    safe side (docs/benchmarks.md measures how much). Weights and optimizer state are divided
+    of the weights (``casts``, from ``_autocast_weight_cache``), which FSDP replaces by its bf16
+    gathers (``gather``): they leave the activations, so each byte is counted once. Weights and
+    optimizer state are divided
     everywhere; gradients too, except while accumulating (the templates keep the whole
     unsharded gradient until the last micro-step), unless the plan reduce-scatters on every
     micro-step (``reduce_every``: each rank adds into its shard; the unit being reduced is in
     ``gather``). Activations are the rank's own.
     Temporaries are the optimizer's foreach buffers in the optimizer phase (sharded with the
     state) and activation gradients in forward and backward (not sharded), where FSDP also
-    holds its gathered units (``gather``, counted as temporary).
+    holds its gathered units (``gather``, counted as temporary). ZeRO-2 holds the whole
+    model's gathered weights (``held``) in forward and backward: parameters there.
     """
     out = []
     for phase, m in phases.items():
@@ -306,11 +387,13 @@ def _sharded_phases(phases: dict[str, Memory], div: Callable[[int | None], int |
             return []
         compute = phase in ("forward", "backward", "accum_forward", "accum_backward")
         params, opt = div(m.parameters), div(m.optimizer)
+        params += held if compute else 0  # type: ignore[operator]
         grads = m.gradients if accum > 1 and not reduce_every else div(m.gradients)
         temporary = m.temporary + gather if compute else div(m.temporary)
+        activations = m.activations - min(m.activations, (casts or {}).get(phase, 0))
         out.append(Memory(parameters=params, gradients=grads, optimizer=opt,
-                          activations=m.activations, temporary=temporary,
-                          peak_allocated=sum((params, grads, opt, m.activations,  # type: ignore
+                          activations=activations, temporary=temporary,
+                          peak_allocated=sum((params, grads, opt, activations,  # type: ignore
                                               temporary))))
     return out
 
@@ -334,43 +417,70 @@ class Rung:
     label: str
     strategy: str
     nodes: int
-    checkpointing: bool
+    checkpointing: str  # none | selective | full
     smaller_micro: bool  # may the micro-batch shrink below the whole per-rank batch
+    reshard_after_forward: bool = True  # False: ZeRO-2 (sharded strategies in ``ZERO2``)
+
+
+def pinned_checkpointing(spec: Spec) -> str | None:
+    """The checkpointing the user pinned (``--checkpointing``, or the older on/off flag: on is
+    full), or None: the planner chooses."""
+    if spec.checkpointing is not None:
+        return checkpointing_mode(spec.checkpointing)
+    if spec.activation_checkpointing is not None:
+        return checkpointing_mode(spec.activation_checkpointing)
+    return None
+
+
+_CHECKPOINTED = {"none": "", "selective": " + selective checkpointing",
+                 "full": " + checkpointing"}
 
 
 def ladder(spec: Spec, target: Target, provider: str, can_checkpoint: bool) -> Iterator[Rung]:
-    """The remedies for one machine, least invasive first, with the user's pins honoured."""
+    """The remedies for one machine, least invasive first, with the user's pins honoured (the
+    order and why: this module's docstring)."""
     gpus = spec.gpus_per_node or target.gpus
     base_nodes = spec.nodes or 1
     base = spec.strategy or ("single" if base_nodes * gpus == 1 else "ddp")
-    pinned_ac = spec.activation_checkpointing
-    ac_options = [pinned_ac] if pinned_ac is not None else (
-        [False, True] if can_checkpoint else [False])
+    pinned = pinned_checkpointing(spec)
+    ac_options = [pinned] if pinned is not None else (
+        ["none", "selective", "full"] if can_checkpoint else ["none"])
+    # ZeRO-2 keeps the whole model's compute-dtype weights through the step: with full
+    # checkpointing, FSDP (which does not) costs the same compute and holds less, so it is not
+    # a rung of its own unless full checkpointing is what the user pinned.
+    zero2_ac = [ac for ac in ac_options if ac != "full"] or ac_options
     may_shrink = spec.micro_batch_size is None
     if base not in SHARDED:
         yield Rung(0, "as asked", base, base_nodes, ac_options[0], False)
         if may_shrink:
             yield Rung(1, "smaller micro-batch", base, base_nodes, ac_options[0], True)
-        if len(ac_options) > 1:
-            yield Rung(2, "activation checkpointing", base, base_nodes, True, True)
+        for ac in ac_options[1:]:
+            yield Rung(2, ("selective " if ac == "selective" else "") + "activation checkpointing",
+                       base, base_nodes, ac, True)
     world = base_nodes * gpus
     sharded = [spec.strategy] if spec.strategy in SHARDED else (
         [] if spec.strategy else (["hybrid_shard", "fsdp"] if base_nodes > 1 else ["fsdp"]))
     if provider == "local":
         sharded = [s for s in sharded if s in RUNNABLE_STRATEGIES]
+
+    def sharding(level: int, nodes: int, strategy: str, prefix: str = "") -> Iterator[Rung]:
+        if strategy in ZERO2:
+            for ac in zero2_ac:
+                yield Rung(level, f"{prefix}{strategy} zero2{_CHECKPOINTED[ac]}", strategy,
+                           nodes, ac, may_shrink, reshard_after_forward=False)
+        for ac in ac_options:
+            yield Rung(level, f"{prefix}{strategy}{_CHECKPOINTED[ac]}", strategy, nodes, ac,
+                       may_shrink)
+
     if world > 1:
         for strategy in sharded:
-            for ac in ac_options:
-                yield Rung(3, f"{strategy}" + (" + checkpointing" if ac else ""), strategy,
-                           base_nodes, ac, may_shrink)
+            yield from sharding(3, base_nodes, strategy)
     if spec.nodes is None and target.max_nodes > 1 and not spec.strategy:
         for nodes in (2, 4, 8, 16):
             if nodes > target.max_nodes:
                 break
             for strategy in ("hybrid_shard", "fsdp"):
-                for ac in ac_options:
-                    yield Rung(4, f"{nodes} nodes, {strategy}" + (" + checkpointing" if ac else ""),
-                               strategy, nodes, ac, may_shrink)
+                yield from sharding(4, nodes, strategy, f"{nodes} nodes, ")
 
 
 def _hardware(target: Target, precision: str) -> Hardware:
@@ -383,7 +493,7 @@ def _evaluate(spec: Spec, fp: Footprint, target: Target, rung: Rung, gpus: int, 
               accum: int, reduce_every: bool = False) -> Plan:
     reduce_every = reduces_every_micro_step(rung.strategy, rung.nodes, gpus, accum, reduce_every)
     memory = per_gpu_memory(fp, target, rung.strategy, rung.nodes, gpus, micro, accum,
-                            reduce_every)
+                            reduce_every, rung.reshard_after_forward)
     world = rung.nodes * gpus
     compute_bytes = 4 if fp.precision == "fp32" else 2
     cost = step_cost(
@@ -391,14 +501,17 @@ def _evaluate(spec: Spec, fp: Footprint, target: Target, rung: Rung, gpus: int, 
         nodes=rung.nodes, strategy=rung.strategy, checkpointing=rung.checkpointing,
         gradient_bytes=(memory.gradients or 0) * shard_degree(rung.strategy, rung.nodes, gpus),
         parameter_bytes_compute=fp.parameters * compute_bytes, steps=spec.steps,
-        hw=_hardware(target, fp.precision), reduce_scatters=accum if reduce_every else 1)
+        hw=_hardware(target, fp.precision), reduce_scatters=accum if reduce_every else 1,
+        gathers=1 if rung.reshard_after_forward is False else 2)
     return Plan(
         strategy=rung.strategy,  # type: ignore[arg-type]
         machine=target.name, nodes=rung.nodes, gpus_per_node=gpus, micro_batch_size=micro,
         grad_accum_steps=accum, global_batch_size=spec.global_batch_size,
         precision=fp.precision,  # type: ignore[arg-type]
         optimizer=fp.optimizer,  # type: ignore[arg-type]
-        activation_checkpointing=rung.checkpointing, steps=spec.steps, lr=spec.lr,
+        activation_checkpointing=rung.checkpointing != "none",
+        checkpointing=rung.checkpointing,  # type: ignore[arg-type]
+        reshard_after_forward=rung.reshard_after_forward, steps=spec.steps, lr=spec.lr,
         seq_len=spec.seq_len, fits=_fits(memory, target),
         cost_per_hour_usd=0.0 if target.cpu or target.name.startswith("local") else
         cost.cost_per_hour_usd,
@@ -447,7 +560,15 @@ def plan_on(spec: Spec, estimator: Estimator, target: Target, provider: str,
                     option=f"{rung.label} on {rung.nodes} x {target.name}",
                     reason=f"{exc.message} ({exc.hint})"))
             continue
-        fp = estimator(precision, optimizer, rung.checkpointing)
+        try:
+            fp = estimator(precision, optimizer, checkpointing_key(rung.checkpointing))
+        except UsageError:
+            # The step traced without checkpointing (the first rungs), so a failure here is
+            # the selective policy's with this model (an op it cannot replay): the planner
+            # goes on without that rung, unless the user asked for it.
+            if rung.checkpointing != "selective" or pinned_checkpointing(given) == "selective":
+                raise
+            continue
         micros = _micro_options(spec, world, rung.smaller_micro, rung.level)
         # A sharded rung holds the whole unsharded gradient while it accumulates (the gradient
         # is reduced on the last micro-step only). When no micro-batch fits that way, the same

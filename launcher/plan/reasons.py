@@ -26,7 +26,12 @@ def _rejection(option: str, reason: str) -> Rejection:
 
 def _where(plan: Plan) -> str:
     layout = f"{plan.nodes} x {plan.gpus_per_node}" if plan.nodes > 1 else f"{plan.gpus_per_node}"
-    return f"{plan.strategy} on {layout} x {plan.machine}"
+    return f"{plan.strategy_label} on {layout} x {plan.machine}"
+
+
+def _checkpointed(plan: Plan) -> str:
+    return {"none": "", "selective": " with selective activation checkpointing",
+            "full": " with activation checkpointing"}[plan.checkpointing or "none"]
 
 
 def _states_overflow(plan: Plan) -> bool:
@@ -60,8 +65,7 @@ def for_failed(failed: list[Plan], parameters: int | None) -> list[Rejection]:
     out = []
     for plan in failed:
         m = plan.memory
-        option = f"{_where(plan)}, micro-batch {plan.micro_batch_size}" + (
-            " with activation checkpointing" if plan.activation_checkpointing else "") + (
+        option = f"{_where(plan)}, micro-batch {plan.micro_batch_size}" + _checkpointed(plan) + (
             ", reduce-scatter every micro-step" if plan.reduce_every_micro_step else "")
         if _states_overflow(plan):
             assert m.model_states is not None and m.capacity is not None
@@ -75,7 +79,9 @@ def for_failed(failed: list[Plan], parameters: int | None) -> list[Rejection]:
                 f"needs {format_bytes(m.total)} per GPU ({format_bytes(m.activations)} of it "
                 f"activations at micro-batch {plan.micro_batch_size}), more than the "
                 f"{format_bytes(int(m.capacity * (1 - SAFETY_MARGIN)))} usable of its "
-                f"{format_bytes(m.capacity)} ({SAFETY_MARGIN:.0%} kept free)")))
+                f"{format_bytes(m.capacity)} ({SAFETY_MARGIN:.0%} kept free)") + (
+                "; ZeRO-2 keeps every block's gathered weights from its forward to its "
+                "backward, the whole model's at the end of the forward" if plan.zero2 else "")))
         else:
             out.append(_rejection(option, "does not fit"))
     return out
@@ -87,10 +93,10 @@ def reduce_every_micro_step(chosen: Plan, failed: list[Plan]) -> list[Rejection]
     if not chosen.reduce_every_micro_step:
         return []
     same = [p for p in failed if not p.reduce_every_micro_step and (
-        p.strategy, p.nodes, p.gpus_per_node, p.micro_batch_size, p.activation_checkpointing,
-        p.machine) == (chosen.strategy, chosen.nodes, chosen.gpus_per_node,
-                       chosen.micro_batch_size, chosen.activation_checkpointing,
-                       chosen.machine)]
+        p.strategy, p.nodes, p.gpus_per_node, p.micro_batch_size, p.checkpointing,
+        p.reshard_after_forward, p.machine) == (
+            chosen.strategy, chosen.nodes, chosen.gpus_per_node, chosen.micro_batch_size,
+            chosen.checkpointing, chosen.reshard_after_forward, chosen.machine)]
     n = chosen.grad_accum_steps
     before = same[0].memory.gradients if same else None
     after = chosen.memory.gradients
@@ -111,8 +117,32 @@ def reduce_every_micro_step(chosen: Plan, failed: list[Plan]) -> list[Rejection]
             f"through the {n} micro-steps{needs}"))]
 
 
+def checkpointing_and_zero2(chosen: Plan) -> list[Rejection]:
+    """Why the chosen plan stops where it does on the two ladders of degree: selective before
+    full checkpointing, ZeRO-2 before full sharding (planner.py's docstring has the order)."""
+    out = []
+    if chosen.checkpointing == "selective":
+        out.append(_rejection("full activation checkpointing", (
+            "selective checkpointing fits: each block keeps its matmul and attention outputs and "
+            "recomputes the rest (about 1/6 more compute); full checkpointing recomputes every "
+            "block's whole forward (1/3 more) to keep its input only")))
+    if chosen.zero2:
+        m = chosen.memory
+        fits = (f" ({format_bytes(m.total)} of the "
+                f"{format_bytes(int(m.capacity * (1 - SAFETY_MARGIN)))} usable per GPU)"
+                if m.total is not None and m.capacity is not None else "")
+        out.append(_rejection(f"full sharding ({chosen.strategy}, parameters resharded after "
+                              "forward)", (
+            f"ZeRO-2 fits{fits} with gradients and optimizer state sharded; freeing each "
+            "block's gathered weights after its forward means gathering them again in the "
+            "backward: 1.5 x the communication (two all-gathers and a reduce-scatter per step "
+            "instead of one and one), for memory this plan does not need")))
+    return out
+
+
 def alternatives(chosen: Plan, failed: list[Plan], provider: str) -> list[Rejection]:
-    out: list[Rejection] = reduce_every_micro_step(chosen, failed)
+    out: list[Rejection] = reduce_every_micro_step(chosen, failed) + checkpointing_and_zero2(
+        chosen)
     states_bound = [p for p in failed if _states_overflow(p)]
     if states_bound:
         first = states_bound[0]

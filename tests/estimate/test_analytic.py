@@ -193,3 +193,53 @@ def test_encoder_decoder_flops():
     decoder = whisper.parameters - whisper.encoder_parameters
     assert whisper.flops_per_sample() == 6 * (whisper.encoder_parameters * e + decoder * d) + (
         12 * 384 * (4 * e * e + 4 * d * d + 4 * d * e))
+
+
+def test_attention_kind_math_adds_the_quadratic_term():
+    """``--attention math`` (or a config whose ``attn_implementation`` is eager) keeps the
+    scores, probabilities and dropout mask: 5 a s^2 bytes a layer at 16 bits, 10 at fp32;
+    flash and efficient keep O(s) statistics, and so does SDPA's choice (the default)."""
+    s, h, a, n = 1024, 1600, 25, 48  # GPT-2 XL
+    xl = {**GPT2, "n_embd": h, "n_layer": n, "n_head": a, "n_positions": s}
+    default = shape_from_config(xl)
+    assert default.attention is None and default.fused_attention
+    math = shape_from_config(xl, attention="math")
+    for kind in ("flash", "efficient"):
+        assert (shape_from_config(xl, attention=kind).activation_bytes_per_sample()
+                == default.activation_bytes_per_sample())
+    for element in (2, 4):
+        assert (math.activation_bytes_per_sample(element_bytes=element)
+                - default.activation_bytes_per_sample(element_bytes=element)
+                == n * 5 * a * s * s * element // 2)
+    # checkpointing recomputes one layer at a time: one layer's scores
+    assert (math.activation_bytes_per_sample(checkpointing=True)
+            - default.activation_bytes_per_sample(checkpointing=True) == 5 * a * s * s)
+    # per layer and sample, 16-bit: s h (34 + 5 a s / h) with math, 34 s h fused
+    one = {**xl, "n_layer": 1, "vocab_size": 1}
+    edges = s * 10 + 4 * s * h  # logits of a 1-token vocabulary, embedding output, final norm
+    assert (shape_from_config(one, attention="math").activation_bytes_per_sample() - edges
+            == s * h * (34 + 5 * a * s // h))
+    assert shape_from_config(one).activation_bytes_per_sample() - edges == 34 * s * h
+
+
+def test_config_attn_implementation_names_the_kernel():
+    assert shape_from_config({**GPT2, "attn_implementation": "eager"}).attention == "math"
+    assert shape_from_config({**GPT2, "_attn_implementation": "flash_attention_2"}
+                             ).attention == "flash"
+    assert shape_from_config({**GPT2, "attn_implementation": "sdpa"}).attention is None
+    # the flag wins over the config
+    assert shape_from_config({**GPT2, "attn_implementation": "eager"},
+                             attention="flash").attention == "flash"
+    assert shape_from_params(7_000_000_000, attention="math").attention == "math"
+
+
+def test_attention_flag_is_a_checked_choice(tmp_path):
+    from launcher.recipe import ScriptInfo
+    from launcher.spec import build_spec
+    from launcher.status import UsageError
+
+    info = ScriptInfo(path=tmp_path / "train.py", mode="script")
+    spec = build_spec({"params": 7_000_000_000, "attention": "math"}, info)
+    assert spec.attention == "math"
+    with pytest.raises(UsageError, match="unknown attention"):
+        build_spec({"params": 7_000_000_000, "attention": "sliding"}, info)

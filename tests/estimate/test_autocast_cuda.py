@@ -94,3 +94,40 @@ def test_a_gpu_bf16_trace_keeps_the_fp32_copies_cuda_makes(tmp_path: Path) -> No
     extra = 4 * 16 * 256 * 64 * (4 - 2)
     difference = gpu.memory_at(16).activations - cpu.memory_at(16).activations
     assert extra <= difference <= extra + 128 * 1024
+
+
+CACHE_CHECK = textwrap.dedent('''
+    import json, torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from launcher.estimate import _autocast_cuda
+    _autocast_cuda.install()
+    w = torch.nn.Parameter(torch.randn(8, 8))
+    bf16 = torch.nn.Parameter(torch.randn(8, 8, dtype=torch.bfloat16))
+
+    class Casts(TorchDispatchMode):
+        def __init__(self):
+            super().__init__(); self.n = {"fp32": 0, "bf16": 0}
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten._to_copy.default:
+                name = "fp32" if args[0] is w else "bf16" if args[0] is bf16 else "other"
+                self.n[name] = self.n.get(name, 0) + 1
+            return func(*args, **(kwargs or {}))
+
+    x = torch.randn(8, dtype=torch.bfloat16)
+    with Casts() as casts:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = torch.mv(w, torch.mv(w, x))  # one region: one cast of w, reused
+            y = torch.mv(bf16, y)             # a bf16 weight (FSDP2's gathered one): no cast
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = torch.mv(w, y)                # the next region casts again
+    print(json.dumps({**casts.n, "left": len(_autocast_cuda._weight_cache)}))
+''')
+
+
+def test_weight_casts_go_through_autocasts_cache() -> None:
+    """CUDA's kernels cast an fp32 parameter once per autocast region (``cached_cast``) and a
+    bf16 one never: the Python kernels must too, or a weight used twice is counted twice."""
+    proc = subprocess.run([sys.executable, "-c", CACHE_CHECK], capture_output=True, text=True,
+                          check=True, timeout=120)
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["fp32"] == 2 and got["bf16"] == 0 and got["left"] == 0

@@ -159,3 +159,103 @@ def test_checkpoints_are_listed_by_step_and_pruned_to_the_newest(
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "notes.txt", "step_00000004.pt", "step_00000010.pt"]
     assert script.list_checkpoints(tmp_path / "missing") == []
+
+
+# -- selective activation checkpointing ----------------------------------------------------------
+
+
+class _AttentionBlock(torch.nn.Module):
+    """Four matmuls (query-key-value, output, MLP in and out) around attention, as a transformer
+    block runs them: what the selective policy chooses among."""
+
+    def __init__(self, dim: int = 16, heads: int = 2) -> None:
+        super().__init__()
+        self.heads = heads
+        self.norm = torch.nn.LayerNorm(dim)
+        self.qkv = torch.nn.Linear(dim, 3 * dim)
+        self.out = torch.nn.Linear(dim, dim, bias=False)  # mm, where the others are addmm
+        self.up, self.down = torch.nn.Linear(dim, 4 * dim), torch.nn.Linear(4 * dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = (y.view(b, t, self.heads, -1).transpose(1, 2)
+                   for y in self.qkv(self.norm(x)).split(d, dim=2))
+        y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.out(y.transpose(1, 2).reshape(b, t, d))
+        return x + self.down(torch.nn.functional.gelu(self.up(x)))
+
+
+def _checkpointed(script: ModuleType, mode: str) -> torch.nn.Module:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(_AttentionBlock(), _AttentionBlock())
+    if mode != "none":
+        script.apply_checkpointing(model, SimpleNamespace(wrap_modules=lambda: (_AttentionBlock,)),
+                                   mode)
+    return model
+
+
+def _step(model: torch.nn.Module) -> tuple[int, dict[str, int], list[torch.Tensor]]:
+    """(bytes the forward leaves allocated for the backward, by the CPU allocator's own events;
+    the ops the backward ran; the gradients)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.counts: dict[str, int] = {}
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            name = func.overloadpacket.__name__
+            self.counts[name] = self.counts.get(name, 0) + 1
+            return func(*args, **(kwargs or {}))
+
+    x = torch.randn(2, 8, 16, generator=torch.Generator().manual_seed(1), requires_grad=True)
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    with torch.profiler.profile(activities=activities, profile_memory=True) as forward:
+        loss = model(x).square().mean()
+    kept = sum(e.self_cpu_memory_usage for e in forward.events())
+    with Ops() as ops:
+        loss.backward()
+    return kept, ops.counts, [p.grad for p in model.parameters()]
+
+
+@pytest.mark.parametrize("mode", ["selective", "full"])
+def test_checkpointing_recomputes_what_its_policy_drops_with_the_same_gradients(
+    script: ModuleType, mode: str
+) -> None:
+    """Selective keeps the 1st and 3rd of each block's four matmuls (query-key-value, MLP in)
+    and the attention output; full keeps none. The backward recomputes up to the last tensor it
+    needs (the last matmul's output is not one: torch stops the recomputation early), so per
+    block selective runs one matmul again (the output projection) and never attention, full
+    three and attention. Either way the gradients are the uncheckpointed ones."""
+    plain_bytes, plain_ops, plain_grads = _step(_checkpointed(script, "none"))
+    kept_bytes, ops, grads = _step(_checkpointed(script, mode))
+    for a, b in zip(grads, plain_grads, strict=True):
+        torch.testing.assert_close(a, b)
+
+    def matmuls(counts: dict[str, int]) -> int:
+        return counts.get("mm", 0) + counts.get("addmm", 0)
+
+    recomputed = matmuls(ops) - matmuls(plain_ops)
+    attention = [n for n in ops if n.startswith("_scaled_dot_product") and "backward" not in n]
+    if mode == "selective":
+        assert recomputed == 2 * 1  # two blocks
+        assert attention == []  # kept, not run again
+    else:
+        assert recomputed == 2 * 3
+        assert attention and ops[attention[0]] == 2
+    assert kept_bytes < plain_bytes
+
+
+def test_selective_keeps_more_than_full_and_less_than_nothing(script: ModuleType) -> None:
+    kept = {mode: _step(_checkpointed(script, mode))[0] for mode in ("none", "selective", "full")}
+    assert kept["full"] < kept["selective"] < kept["none"]
+
+
+def test_checkpointing_mode_reads_old_and_new_plans(script: ModuleType) -> None:
+    assert script.checkpointing_mode({"activation_checkpointing": True}) == "full"
+    assert script.checkpointing_mode({"activation_checkpointing": False}) == "none"
+    assert script.checkpointing_mode(
+        {"activation_checkpointing": True, "checkpointing": "selective"}) == "selective"
+    with pytest.raises(SystemExit, match="unknown checkpointing"):
+        script.checkpointing_mode({"activation_checkpointing": True, "checkpointing": "some"})

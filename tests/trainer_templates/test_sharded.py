@@ -71,6 +71,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Run]:
       "nodes" of one GPU (2 replicas of 1 shard, the plan's nodes x gpus_per_node), and one node
       of two (1 replica of 2 shards, from hybrid_shard_degree, with reshard_after_forward off).
       2x1 keeps only its newest 2 checkpoints.
+    - ``zero2_selective``: fsdp keeping gathered weights until the backward (ZeRO-2) with
+      selective activation checkpointing.
     - ``fsdp_bf16`` / ``ddp_bf16``: bf16_mixed on a recipe without wrap_modules() (the template
       finds its repeated layers), with dropout, 6 steps.
     - ``oom``: rank 1 runs out of memory in step 2.
@@ -86,6 +88,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Run]:
         "hybrid_1x2": start_with_plan_keys(
             base / "hybrid_1x2", {"hybrid_shard_degree": 2, "reshard_after_forward": False},
             nproc=2, strategy="hybrid_shard", **LOADER),
+        "zero2_selective": start(base / "zero2_selective", nproc=2, strategy="fsdp",
+                                 reshard_after_forward=False, activation_checkpointing=True,
+                                 checkpointing="selective", **LOADER),
         "fsdp_bf16": start(base / "fsdp_bf16", nproc=2, strategy="fsdp", **bf16),
         "ddp_bf16": start(base / "ddp_bf16", nproc=2, strategy="ddp", **bf16),
         "oom": start(base / "oom", nproc=2, strategy="fsdp", recipe="oom_rank1.py", steps=3),
@@ -148,12 +153,13 @@ def mean_losses(run: Run) -> dict[int, float]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["fsdp", "hybrid_2x1", "hybrid_1x2"])
+@pytest.mark.parametrize("name", ["fsdp", "hybrid_2x1", "hybrid_1x2", "zero2_selective"])
 def test_sharded_training_matches_ddp_step_by_step(
     runs: dict[str, Run], name: str, tmp_path: Path
 ) -> None:
     """Every rank's loss of every step, and the final weights, are DDP's. The fsdp run also
-    recomputes activations; hybrid_1x2 also keeps gathered weights until the backward."""
+    recomputes activations; hybrid_1x2 also keeps gathered weights until the backward;
+    zero2_selective (the planner's ZeRO-2 rung) keeps them too and recomputes selectively."""
     run, reference = runs[name].check(), runs["ddp"].check()
     for rank in (0, 1):
         assert list(run.losses(rank)) == list(range(1, 9))

@@ -78,6 +78,8 @@ def followups(runs: dict[str, Run], tmp_path_factory: pytest.TempPathFactory) ->
     - ``resume_tiny``: ``tiny``'s checkpoint of step 4, next to a newer file that does not load
       (as a cut-short copy leaves), resumed to step 6 with activation checkpointing on (the
       launcher's other fix for memory; it must change memory, not results).
+    - ``resume_tiny_selective``: the same with selective checkpointing (each block keeps its
+      matmul's output and recomputes tanh and dropout).
     - ``resume_loader``: ``4x2``'s checkpoint of step 6, resumed to step 8. Step 6 is 48 samples
       into a 40-sample dataset: the rebuilt loader is fast-forwarded into its second epoch.
     - ``resume_smaller``: ``8x1``'s checkpoint of step 6, resumed as micro-batch 4 x 2
@@ -90,6 +92,10 @@ def followups(runs: dict[str, Run], tmp_path_factory: pytest.TempPathFactory) ->
     started = {
         "resume_tiny": start(base / "resume_tiny", checkpoint_dir=tiny_checkpoints,
                              checkpoint_every=2, activation_checkpointing=True),
+        "resume_tiny_selective": start(
+            base / "resume_tiny_selective", checkpoint_dir=copy_checkpoint(
+                runs["tiny"], 4, base / "tiny_checkpoints_selective"),
+            checkpoint_every=2, activation_checkpointing=True, checkpointing="selective"),
         "resume_loader": start(
             base / "resume_loader", micro_batch_size=4, grad_accum_steps=2, **LOADER,
             checkpoint_dir=copy_checkpoint(runs["4x2"].check(), 6, base / "loader_checkpoints"),
@@ -263,15 +269,18 @@ def test_bf16_mixed_and_pure_bf16_train_on_the_cpu(runs: dict[str, Run]) -> None
     assert {t.dtype for t in load_checkpoint(pure, 3)["model"].values()} == {torch.bfloat16}
 
 
+@pytest.mark.parametrize("name", ["resume_tiny", "resume_tiny_selective"])
 def test_activation_checkpointing_gives_the_same_losses(
-    runs: dict[str, Run], followups: dict[str, Run]
+    runs: dict[str, Run], followups: dict[str, Run], name: str
 ) -> None:
     """Recomputing the blocks' activations changes memory, not results (dropout included: the
     recomputation replays the same random numbers). The resumed run recomputes; the run that
     wrote its checkpoint did not, and the checkpoint loads all the same (the wrappers leave the
     state dict's keys alone)."""
-    run, reference = followups["resume_tiny"].check(), runs["tiny"]
-    assert json.loads((run.job_dir / "plan.json").read_text())["activation_checkpointing"]
+    run, reference = followups[name].check(), runs["tiny"]
+    plan = json.loads((run.job_dir / "plan.json").read_text())
+    assert plan["activation_checkpointing"]
+    assert plan["checkpointing"] == ("selective" if name.endswith("selective") else "full")
     expected = {s: v for s, v in reference.losses().items() if s > 4}
     assert_same_losses(run.losses(), expected, tol=1e-6)
     assert load_checkpoint(run, 6)["model"].keys() == load_checkpoint(reference, 6)["model"].keys()
