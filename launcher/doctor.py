@@ -86,6 +86,7 @@ SAGEMAKER_NEEDS: tuple[Need, ...] = (
     Need("s3:PutObject", "object", "upload the code package"),
     Need("logs:DescribeLogStreams", "log-group", "find the job's log streams"),
     Need("logs:GetLogEvents", "log-stream", "read the job's output"),
+    Need("logs:FilterLogEvents", "log-group", "read its events and failure lines first"),
 )
 
 #: Every Google Cloud permission `launch --provider vertex` uses, and where it is granted.

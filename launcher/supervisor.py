@@ -226,6 +226,7 @@ class Supervisor:
         assert attempt.job_id is not None
         progress = Progress()
         watcher = LogWatcher(platform=self.provider.name)
+        early = LogWatcher(platform=self.provider.name)  # the event channel's failure lines
         cursor: Any = None
         event_cursor: Any = None
         seen_at: float | None = None
@@ -239,7 +240,12 @@ class Supervisor:
             events, event_cursor = self.provider.events(attempt.job_id, event_cursor)
             for line in events:
                 event = parse_event(line)
-                if event is None:
+                if event is None:  # a failure line the channel carries (no templates' line)
+                    first = early.feed(line)
+                    if first is not None and first.failure in MEMORY_FAILURES and seen_at is None:
+                        seen_at = time.monotonic()
+                        where = f" on rank {first.rank}" if first.rank is not None else ""
+                        self.on_note(f"out of memory{where} ({first.failure}): stopping the job")
                     continue
                 progress.update(event)
                 if event.get("launch") == "oom" and seen_at is None:

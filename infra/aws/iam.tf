@@ -182,7 +182,7 @@ data "aws_iam_policy_document" "launcher" {
 
   statement {
     sid       = "ReadTrainingLogs"
-    actions   = ["logs:DescribeLogStreams", "logs:GetLogEvents"]
+    actions   = ["logs:DescribeLogStreams", "logs:GetLogEvents", "logs:FilterLogEvents"]
     resources = [local.log_group_arn, "${local.log_group_arn}:*"]
   }
 

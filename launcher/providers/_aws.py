@@ -4,7 +4,7 @@ Kept apart from ``sagemaker.py`` so that the provider reads as SageMaker logic, 
 (about half a second to import) is imported only inside these functions: `launch --help` and
 `launch plan` must not pay for it.
 
-Three rules that this module enforces for every AWS call the launcher makes:
+The rules that this module enforces for the AWS calls the launcher makes:
 
 * **Endpoints come from the standard variables.** boto3 reads ``AWS_ENDPOINT_URL`` and
   ``AWS_ENDPOINT_URL_<SERVICE>`` itself; we also read them from the ``environ`` the CLI was given
@@ -15,6 +15,10 @@ Three rules that this module enforces for every AWS call the launcher makes:
   calls (describe, log reads: :meth:`Aws.read`) get short timeouts, two attempts and a hard
   deadline (``status_deadline_s``), so `launch status` against an endpoint that accepts the
   connection and never answers fails in seconds, not after six one-minute read timeouts.
+* **Reads that a job's volume drives are paced.** The full-log reader of a chatty job would spend
+  CloudWatch Logs' per-account read quota in throttled calls and botocore's backoff sleeps;
+  :meth:`Aws.read` with a :class:`Pacer` makes one attempt within a client-side rate and backs
+  off itself after a throttle, without sleeping in the caller.
 * **Missing credentials fail fast.** The default credential chain ends with the EC2 instance
   metadata service; off EC2 that lookup can wait on an unroutable address. The chain is resolved
   with a one-second metadata timeout, one attempt, and an overall deadline, so `launch` says what
@@ -23,6 +27,7 @@ Three rules that this module enforces for every AWS call the launcher makes:
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import threading
 from collections.abc import Callable, Mapping
@@ -39,12 +44,16 @@ NO_CREDENTIALS_HINT = (
     "set AWS_PROFILE or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, or run `aws sso login`"
 )
 
-#: Errors worth a describe-before-giving-up: the request may have reached the service.
-TRANSIENT_CODES = frozenset({
+#: What AWS answers when a call passes the account's rate quota for its API.
+THROTTLING_CODES = frozenset({
     "Throttling", "ThrottlingException", "ThrottledException", "RequestThrottledException",
     "TooManyRequestsException", "ProvisionedThroughputExceededException", "RequestLimitExceeded",
-    "SlowDown", "RequestTimeout", "RequestTimeoutException", "InternalFailure",
-    "InternalServerError", "ServiceUnavailable", "InternalError",
+    "SlowDown",
+})
+#: Errors worth a describe-before-giving-up: the request may have reached the service.
+TRANSIENT_CODES = THROTTLING_CODES | frozenset({
+    "RequestTimeout", "RequestTimeoutException", "InternalFailure", "InternalServerError",
+    "ServiceUnavailable", "InternalError",
 })
 
 #: us-east-1, us-gov-west-1, cn-north-1, us-isob-east-1, eusc-de-east-1: what may become part
@@ -137,19 +146,26 @@ class Aws:
         except Exception as exc:  # ProfileNotFound and friends
             raise ProviderError(f"AWS configuration: {exc}", NO_CREDENTIALS_HINT) from None
         self._clients: dict[str, Any] = {}
+        self._pacers: dict[str, Pacer] = {}
         self._lock = threading.Lock()
         self._credentials_ok = False
 
-    def client(self, service: str, status: bool = False) -> Any:
+    def client(self, service: str, status: bool = False, attempts: int | None = None) -> Any:
         """A cached client with the retry and timeout settings, at the endpoint configured for
         ``service`` in the environment (``AWS_ENDPOINT_URL_<SERVICE>`` / ``AWS_ENDPOINT_URL``).
-        ``status``: the short-timeout client of read-only status calls (see :meth:`read`)."""
+        ``status``: the short-timeout client of read-only status calls (see :meth:`read`);
+        ``attempts``: fewer attempts than the settings give (a paced reader backs off itself)."""
         key = f"{service}:status" if status else service
+        if attempts is not None:
+            key += f":{attempts}"
         with self._lock:
             if key not in self._clients:
                 from botocore.config import Config
 
                 settings = self.settings.for_status() if status else self.settings
+                if attempts is not None:
+                    settings = dataclasses.replace(
+                        settings, max_attempts=max(1, min(attempts, settings.max_attempts)))
                 config = Config(
                     # total_max_attempts counts the first call; botocore's "max_attempts" here
                     # would count only the retries (seven calls for 6).
@@ -164,17 +180,44 @@ class Aws:
                     service, region_name=self.region, config=config, endpoint_url=endpoint)
             return self._clients[key]
 
-    def read(self, service: str, operation: str, **kwargs: Any) -> Any:
+    def read(self, service: str, operation: str, *, pacer: Pacer | None = None,
+             **kwargs: Any) -> Any:
         """A read-only status call (``read("sagemaker", "describe_training_job", ...)``): short
         timeouts, two attempts, and the whole call, retries included, within
         ``status_deadline_s``, else :class:`Unanswered`. The call runs in a daemon thread, so an
         endpoint that accepts the connection and never answers (or trickles) cannot hold
         `launch status` or the supervisor's poll past the deadline; the thread it leaves ends
-        at its own read timeout. Uploads and creates keep the long timeouts of :meth:`client`."""
-        client = self.client(service, status=True)
+        at its own read timeout. Uploads and creates keep the long timeouts of :meth:`client`.
+
+        With a ``pacer`` (see :class:`Pacer`): :class:`Paced`, nothing sent, while the pacer
+        has no call to spare; else one attempt, a throttling answer backing the pacer off and
+        raised as is. Not botocore's retry there: its backoff sleeps in the caller, and the
+        caller is a follower that has an event channel to read in the meantime."""
+        if pacer is not None:
+            wait = pacer.take()
+            if wait > 0:
+                raise Paced(wait)
+        client = self.client(service, status=True, attempts=1 if pacer is not None else None)
         method: Callable[..., Any] = getattr(client, operation)
-        return call_within(self.settings.status_deadline_s,
-                           lambda: method(**kwargs), client.meta.endpoint_url)
+        try:
+            result = call_within(self.settings.status_deadline_s,
+                                 lambda: method(**kwargs), client.meta.endpoint_url)
+        except Exception as exc:
+            if pacer is not None and error_code(exc) in THROTTLING_CODES:
+                pacer.throttled()
+            raise
+        if pacer is not None:
+            pacer.succeeded()
+        return result
+
+    def pacer(self, name: str, rate_per_s: float) -> Pacer:
+        """The pacer named ``name`` (``"logs:read"``: GetLogEvents and DescribeLogStreams),
+        shared by every reader of this session: an account's read quota is per API, not per
+        job or stream."""
+        with self._lock:
+            if name not in self._pacers:
+                self._pacers[name] = Pacer(rate_per_s)
+            return self._pacers[name]
 
     def check_credentials(self) -> None:
         """Raise ProviderError (exit 6) within ``CREDENTIALS_DEADLINE_S`` when the chain finds
@@ -201,6 +244,72 @@ class Aws:
         if not found or found[0] is None or not found[0].access_key:
             raise ProviderError(NO_CREDENTIALS, NO_CREDENTIALS_HINT)
         self._credentials_ok = True
+
+
+class Paced(Exception):
+    """Not an error: the pacer has no call to spare for ``wait_s`` seconds; nothing was sent."""
+
+    def __init__(self, wait_s: float):
+        super().__init__(f"paced: next call in {wait_s:.2f} s")
+        self.wait_s = wait_s
+
+
+class Pacer:
+    """Client-side pacing of one API: at most ``rate_per_s`` calls a second on average (a token
+    bucket holding ``burst`` calls), and after a throttling answer none until a backoff has
+    passed, doubled on each throttle in a row (with jitter, at most ``max_backoff_s``) and
+    cleared by the next success.
+
+    CloudWatch Logs' read quotas are per account and region (GetLogEvents and
+    DescribeLogStreams 25 calls a second, FilterLogEvents 5, by default); a job that writes
+    faster than its follower may read would otherwise have the follower spend the quota in
+    throttled calls. ``take`` never sleeps: it says how long to wait, so the caller decides
+    whether to wait or to come back later."""
+
+    def __init__(self, rate_per_s: float, burst: float | None = None,
+                 max_backoff_s: float = 16.0, clock: Callable[[], float] | None = None):
+        if rate_per_s <= 0:
+            raise UsageError(f"a call rate must be positive, not {rate_per_s}")
+        import time
+
+        self.rate = float(rate_per_s)
+        self.burst = max(1.0, float(burst if burst is not None else rate_per_s / 2))
+        self.max_backoff_s = max_backoff_s
+        self._clock = clock or time.monotonic
+        self._tokens = self.burst
+        self._at = self._clock()
+        self._blocked_until = 0.0
+        self._backoff = 0.0
+        self._lock = threading.Lock()
+        self.throttles = 0  # throttling answers seen (for the tests and the docs' numbers)
+
+    def take(self) -> float:
+        """0 and one call spent, or the seconds until one may be made (nothing spent)."""
+        with self._lock:
+            now = self._clock()
+            self._tokens = min(self.burst, self._tokens + (now - self._at) * self.rate)
+            self._at = now
+            if now < self._blocked_until:
+                return self._blocked_until - now
+            if self._tokens >= 1:
+                self._tokens -= 1
+                return 0.0
+            return (1 - self._tokens) / self.rate
+
+    def throttled(self) -> None:
+        """The service said slow down: no call before the (doubled, jittered) backoff."""
+        import random
+
+        with self._lock:
+            self.throttles += 1
+            self._backoff = min(self.max_backoff_s,
+                                max(1.0 / self.rate, self._backoff * 2 or 0.25))
+            self._blocked_until = self._clock() + self._backoff * random.uniform(0.5, 1.0)
+            self._tokens = 0.0
+
+    def succeeded(self) -> None:
+        with self._lock:
+            self._backoff = 0.0
 
 
 def call_within(deadline_s: float, fn: Callable[[], Any], where: str) -> Any:
@@ -337,7 +446,8 @@ def provider_error(exc: BaseException, doing: str) -> ProviderError:
     if code in ("AccessDenied", "AccessDeniedException"):
         return ProviderError(f"{doing}: access denied ({message})",
                              "the identity needs sagemaker:*TrainingJob*, s3:GetObject/PutObject "
-                             "on the bucket, logs:GetLogEvents/DescribeLogStreams and "
+                             "on the bucket, logs:GetLogEvents/DescribeLogStreams/"
+                             "FilterLogEvents and "
                              "iam:PassRole on the role")
     if code == "ResourceLimitExceeded":
         return ProviderError(f"{doing}: SageMaker quota reached ({message})",

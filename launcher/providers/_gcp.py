@@ -20,6 +20,9 @@ import io
 import json
 import tarfile
 import tempfile
+import threading
+import time
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -106,17 +109,13 @@ def default_project(environ: dict[str, str]) -> str | None:
 # -- retries and errors ------------------------------------------------------------------------
 
 
-def retry_policy(*, reads: bool, initial: float, deadline: float) -> Any:
-    """A ``google.api_core`` Retry for transient failures, with exponential backoff and jitter.
-
-    Vertex AI's create, get and cancel have no default retry or timeout in the generated client,
-    so every call gets one explicitly. Reads also retry on rate limiting (429 /
-    RESOURCE_EXHAUSTED); a create does not, because there it usually means a quota ran out
-    (GPUs in the region), which waiting two minutes does not fix.
-    """
+def transient_errors(*, reads: bool) -> tuple[type[BaseException], ...]:
+    """What is worth trying again: an unavailable or overloaded service, a dropped connection;
+    for reads also rate limiting (429 / RESOURCE_EXHAUSTED). A create is not retried on the
+    latter, because there it usually means a quota ran out (GPUs in the region), which waiting
+    two minutes does not fix. One list for the blocking retries and the followers' backoff."""
     import requests
     from google.api_core import exceptions as gexc
-    from google.api_core.retry import Retry, if_exception_type
 
     transient: tuple[type[BaseException], ...] = (
         gexc.ServiceUnavailable, gexc.DeadlineExceeded, gexc.InternalServerError,
@@ -124,8 +123,67 @@ def retry_policy(*, reads: bool, initial: float, deadline: float) -> Any:
     )
     if reads:
         transient += (gexc.TooManyRequests, gexc.ResourceExhausted)
-    return Retry(predicate=if_exception_type(*transient), initial=initial,
+    return transient
+
+
+def retry_policy(*, reads: bool, initial: float, deadline: float) -> Any:
+    """A ``google.api_core`` Retry for transient failures, with exponential backoff and jitter.
+
+    Vertex AI's create, get and cancel have no default retry or timeout in the generated client,
+    so every call gets one explicitly (:func:`transient_errors` says which failures).
+    """
+    from google.api_core.retry import Retry, if_exception_type
+
+    return Retry(predicate=if_exception_type(*transient_errors(reads=reads)), initial=initial,
                  maximum=max(initial, 10.0), multiplier=2.0, timeout=deadline)
+
+
+class Backoff:
+    """``google.api_core``'s truncated exponential backoff, spread over a follower's polls
+    instead of slept in one call: the supervisor reads the event channel before the log each
+    poll, so a log read that hit RESOURCE_EXHAUSTED must not hold the next event read back.
+
+    ``failed`` takes what a read raised: a transient error (:func:`transient_errors`) sets when
+    the next try may go; anything else is raised again, as is a transient error that has gone on
+    for ``deadline`` seconds (as a RetryError, like the blocking retry). Rate limiting is waited
+    out however long it lasts (at most ``maximum`` between tries): another reader of the
+    project's logs using up the quota is no reason to stop following a job.
+    """
+
+    def __init__(self, initial: float, deadline: float, maximum: float = 60.0):
+        self.initial = max(initial, 0.001)
+        self.deadline = deadline
+        self.maximum = max(maximum, self.initial)
+        self._delays: Iterator[float] | None = None
+        self._since: float | None = None
+        self._next = 0.0
+        self.failures = 0
+
+    def wait_s(self, now: float | None = None) -> float:
+        """Seconds until the next try may go (0: now)."""
+        return max(0.0, self._next - (time.monotonic() if now is None else now))
+
+    def failed(self, exc: BaseException) -> None:
+        from google.api_core import exceptions as gexc
+        from google.api_core.retry import exponential_sleep_generator
+
+        if not isinstance(exc, transient_errors(reads=True)):
+            raise exc
+        now = time.monotonic()
+        if self._delays is None or self._since is None:
+            self._delays = exponential_sleep_generator(self.initial, self.maximum)
+            self._since = now
+        limited = isinstance(exc, (gexc.TooManyRequests, gexc.ResourceExhausted))
+        if not limited and now - self._since > self.deadline:
+            raise gexc.RetryError(f"gave up after {now - self._since:.0f} s of {exc}",
+                                  exc) from exc
+        self.failures += 1
+        # Full jitter as api-core draws it, but never less than half the first delay: a refused
+        # read tried again a millisecond later is refused again.
+        self._next = now + max(self.initial / 2, next(self._delays))
+
+    def succeeded(self) -> None:
+        self._delays, self._since, self._next = None, None, 0.0
 
 
 def provider_error(exc: BaseException, doing: str) -> ProviderError:
@@ -309,6 +367,17 @@ def stage(client: Any, archive: StagedArchive, timeout: float) -> bool:
 
 # -- Cloud Logging -----------------------------------------------------------------------------
 
+#: Cloud Logging refuses a query longer than this (the Logging query language's limit).
+FILTER_MAX_CHARS = 20_000
+#: entries.list answers at most this many entries a request (a larger pageSize is refused).
+MAX_PAGE_SIZE = 1000
+#: Cloud Logging's default read quota: entries.list requests per minute per project, shared by
+#: everyone reading logs in it (the console, gcloud, another launcher).
+READS_PER_MINUTE = 60.0
+#: The quota's window is a minute; the launcher counts a second more, so that a request sent at
+#: the edge of the window is never counted by Google in the minute before.
+QUOTA_MARGIN_S = 1.0
+
 
 @dataclass(frozen=True)
 class LogRecord:
@@ -321,11 +390,118 @@ class LogRecord:
 
 
 def rfc3339(moment: datetime) -> str:
+    """A fixed-width UTC timestamp (microseconds, ``Z``): such strings sort as their moments do,
+    which lets a cursor compare them without parsing."""
     return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def parse_rfc3339(text: str) -> datetime:
     return datetime.fromisoformat(text.replace("Z", "+00:00")).astimezone(UTC)
+
+
+def quote(value: str) -> str:
+    r"""``value`` as a Logging query language string: in double quotes, with ``\`` and ``"``
+    escaped by a backslash. A control character (a tab) is refused rather than guessed at."""
+    if any(ord(c) < 0x20 or c == "\x7f" for c in value):
+        raise ValueError(f"{value!r} holds a control character")
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def has_any(fields: Iterable[str], needles: Iterable[str]) -> str:
+    """A parenthesised query matching an entry whose ``fields`` contain any of ``needles``:
+    ``(textPayload:"a" OR jsonPayload.message:"a" OR ...)``. The ``:`` operator is a substring
+    test and, like all string comparisons of the query language, ignores case."""
+    fields = list(fields)
+    terms = [f"{name}:{quote(needle)}" for needle in needles for name in fields]
+    if not terms:
+        raise ValueError("no needles")
+    return "(" + " OR ".join(terms) + ")"
+
+
+class ReadQuota:
+    """The entries.list requests this process sends in one project, kept under Cloud Logging's
+    read quota (``per_minute`` requests in any minute, by default 60).
+
+    Two channels share it. ``events``, a job's filtered event channel, is read first and
+    at most every ``events_every_s`` seconds per job (never more than half the quota); the
+    full stream (``log``) gets the rest, spread evenly (``60 / (per_minute - events' share)``
+    seconds apart) rather than in a burst that would leave it nothing for the rest of the
+    minute. An event channel that has not been read for three of its intervals (its job ended)
+    gives its share back. Over all, no more than ``per_minute`` requests go in any
+    ``60 + QUOTA_MARGIN_S`` seconds, so the quota is not exceeded by this process alone; when
+    others use it up, the answer is RESOURCE_EXHAUSTED and :class:`Backoff` waits.
+    """
+
+    def __init__(self, per_minute: float = READS_PER_MINUTE, events_every_s: float = 2.0,
+                 window_s: float = 60.0):
+        self.per_minute = max(2, int(per_minute))
+        self.events_every_s = max(events_every_s, 120.0 / self.per_minute)
+        self.window_s = window_s + QUOTA_MARGIN_S
+        self._sent: deque[float] = deque()
+        self._log_last = float("-inf")
+        self._events: dict[str, float] = {}  # job -> when its event channel was last read
+        self._lock = threading.Lock()
+
+    def _log_share(self, now: float) -> float:
+        """Requests a minute the full stream may send now (under the lock)."""
+        active = sum(1 for t in self._events.values() if now - t < 3 * self.events_every_s)
+        reserve = min(self.per_minute / 2, active * 60.0 / self.events_every_s)
+        return self.per_minute - reserve
+
+    def wait_s(self, channel: str, job: str = "", now: float | None = None) -> float:
+        """Seconds until a request of ``channel`` (``events`` for ``job``, or ``log``) may go."""
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            while self._sent and self._sent[0] <= now - self.window_s:
+                self._sent.popleft()
+            wait = 0.0
+            over = len(self._sent) - self.per_minute
+            if over >= 0:  # full: wait until enough of the window's requests have left it
+                wait = self._sent[over] + self.window_s - now
+            if channel == "events":
+                last = self._events.get(job, float("-inf"))
+                wait = max(wait, last + self.events_every_s - now)
+            else:
+                wait = max(wait, self._log_last + 60.0 / self._log_share(now) - now)
+            return max(0.0, wait)
+
+    def spend(self, channel: str, job: str = "") -> None:
+        """Count a request that is being sent."""
+        now = time.monotonic()
+        with self._lock:
+            self._sent.append(now)
+            if channel == "events":
+                self._events[job] = now
+            else:
+                self._log_last = now
+
+    def acquire(self, channel: str, job: str = "") -> None:
+        """Wait for the channel's turn, then count the request (a reader that may block: after
+        the job's end, or for ``launch logs``)."""
+        while (wait := self.wait_s(channel, job)) > 0:
+            time.sleep(min(wait, 1.0))
+        self.spend(channel, job)
+
+    def forget(self, job: str) -> None:
+        """The job's event channel is closed: its share goes back to the stream at once."""
+        with self._lock:
+            self._events.pop(job, None)
+
+
+_QUOTAS: dict[tuple[Any, ...], ReadQuota] = {}
+_QUOTAS_LOCK = threading.Lock()
+
+
+def read_quota(project: str, endpoint: Endpoint, per_minute: float, events_every_s: float
+               ) -> ReadQuota:
+    """The process's one :class:`ReadQuota` for a project (at an endpoint): every provider object
+    reading that project's logs in this process shares it, as they share Google's quota."""
+    key = (project, endpoint.kind, endpoint.address, per_minute, events_every_s)
+    with _QUOTAS_LOCK:
+        quota = _QUOTAS.get(key)
+        if quota is None:
+            quota = _QUOTAS[key] = ReadQuota(per_minute, events_every_s)
+        return quota
 
 
 def _task_of(labels: Any, resource_labels: Any) -> str:
@@ -346,10 +522,13 @@ def _text_of(payload: Any) -> str:
 
 class LogReader:
     """Reads ``entries.list`` through the GAPIC gRPC client (production, and ``grpc://`` test
-    endpoints), or through ``google.cloud.logging.Client`` in REST mode (``http://`` endpoints).
+    endpoints), or through ``google.cloud.logging.Client``'s REST connection (``http://``
+    endpoints), one request (one page) at a time.
 
-    Both paths end in :class:`LogRecord`; the read as a whole is retried on transient errors,
-    which is safe because the follower de-duplicates what it has seen.
+    One page a call, and not the libraries' iterators, because every request counts against the
+    project's read quota: an iterator fetches the next page by itself, also after a short page
+    that Cloud Logging ends with a ``nextPageToken`` ("more may match"). Both paths end in
+    :class:`LogRecord`; a try is safe to repeat because the cursor de-duplicates by insertId.
     """
 
     def __init__(self, project: str, endpoint: Endpoint, credentials: Any, retry: Any,
@@ -361,26 +540,36 @@ class LogReader:
         self.timeout = timeout
         self._client: Any = None
 
-    def read(self, filter_: str, limit: int, page_size: int = 1000) -> list[LogRecord]:
-        def once() -> list[LogRecord]:
-            records = []
-            for record in self._entries(filter_, min(page_size, limit)):
-                records.append(record)
-                if len(records) >= limit:
-                    break
-            return records
+    def page(self, filter_: str, page_size: int = MAX_PAGE_SIZE, *,
+             before: Callable[[], None] | None = None, retry: Any = None
+             ) -> tuple[list[LogRecord], bool]:
+        """The first page of entries matching ``filter_``, oldest first, and whether more match
+        (a full page, or a ``nextPageToken``). ``before`` runs before each request (the quota's
+        count, or its wait); ``retry`` (a google.api_core Retry) repeats failed tries, each a
+        request of its own."""
+        if len(filter_) > FILTER_MAX_CHARS:
+            raise ValueError(f"a Cloud Logging query of {len(filter_)} characters is longer "
+                             f"than the {FILTER_MAX_CHARS} allowed")
+        page_size = min(page_size, MAX_PAGE_SIZE)
 
-        return self.retry(once)()
+        def once() -> tuple[list[LogRecord], bool]:
+            if before is not None:
+                before()
+            response = (self._rest_page(filter_, page_size) if self.endpoint.kind == "rest"
+                        else self._gapic_page(filter_, page_size))
+            records = _records(response)
+            return records, bool(response.next_page_token) or len(records) >= page_size
 
-    def _entries(self, filter_: str, page_size: int) -> Iterator[LogRecord]:
-        if self.endpoint.kind == "rest":
-            yield from self._rest_entries(filter_, page_size)
-        else:
-            yield from self._gapic_entries(filter_, page_size)
+        return retry(once)() if retry is not None else once()
 
-    def _gapic_entries(self, filter_: str, page_size: int) -> Iterator[LogRecord]:
-        from google.cloud.logging_v2.types import ListLogEntriesRequest, LogEntry
-        from google.protobuf import json_format
+    def read(self, filter_: str, limit: int, page_size: int = MAX_PAGE_SIZE) -> list[LogRecord]:
+        """At most ``limit`` entries matching ``filter_`` (up to a page: one request), retried
+        on transient errors (``launch doctor``'s check that Cloud Logging answers)."""
+        records, _more = self.page(filter_, min(limit, page_size), retry=self.retry)
+        return records[:limit]
+
+    def _gapic_page(self, filter_: str, page_size: int) -> Any:
+        from google.cloud.logging_v2.types import ListLogEntriesRequest, ListLogEntriesResponse
 
         if self._client is None:
             from google.cloud.logging_v2.services.logging_service_v2 import (
@@ -404,60 +593,72 @@ class LogReader:
                                         filter=filter_, order_by="timestamp asc",
                                         page_size=page_size)
         pager = self._client.list_log_entries(request=request, retry=None, timeout=self.timeout)
-        for entry in pager:
-            pb = LogEntry.pb(entry)
-            which = pb.WhichOneof("payload")
-            if which == "json_payload":
-                payload: Any = json_format.MessageToDict(pb.json_payload)
-            elif which == "proto_payload":
-                payload = json_format.MessageToDict(pb.proto_payload)
-            else:
-                payload = pb.text_payload
-            yield LogRecord(insert_id=entry.insert_id, timestamp=_utc(entry.timestamp),
-                            task=_task_of(entry.labels, entry.resource.labels),
-                            text=_text_of(payload))
+        # The pager holds the first response; asking it for more would send a request.
+        return ListLogEntriesResponse.pb(next(iter(pager.pages)))
 
-    def _rest_entries(self, filter_: str, page_size: int) -> Iterator[LogRecord]:
+    def _rest_page(self, filter_: str, page_size: int) -> Any:
+        from google.cloud.logging_v2.types import ListLogEntriesResponse
+        from google.protobuf import json_format
+
         if self._client is None:
             import google.cloud.logging as cloud_logging
 
             self._client = cloud_logging.Client(
                 project=self.project, credentials=self.credentials, _use_grpc=False,
                 client_options={"api_endpoint": self.endpoint.address})
-        from google.cloud.logging import ASCENDING
+        # The client's authorised JSON connection, as its own list_entries uses it, for one
+        # request (its list_entries is a generator that hides the page token).
+        body = {"resourceNames": [f"projects/{self.project}"], "filter": filter_,
+                "orderBy": "timestamp asc", "pageSize": page_size}
+        data = self._client._connection.api_request(method="POST", path="/entries:list",
+                                                    data=body, timeout=self.timeout)
+        response = ListLogEntriesResponse.pb()()
+        json_format.ParseDict(data or {}, response, ignore_unknown_fields=True)
+        return response
 
-        for entry in self._client.list_entries(resource_names=[f"projects/{self.project}"],
-                                               filter_=filter_, order_by=ASCENDING,
-                                               page_size=page_size):
-            resource = getattr(entry, "resource", None)
-            yield LogRecord(insert_id=entry.insert_id or "", timestamp=_utc(entry.timestamp),
-                            task=_task_of(entry.labels, getattr(resource, "labels", None)),
-                            text=_text_of(entry.payload))
 
+def _records(response: Any) -> list[LogRecord]:
+    """A ListLogEntriesResponse (the protobuf message) as LogRecords."""
+    from google.protobuf import json_format
 
-def _utc(moment: datetime | None) -> datetime:
-    if moment is None:
-        return datetime.now(UTC)
-    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+    records = []
+    for pb in response.entries:
+        which = pb.WhichOneof("payload")
+        if which == "json_payload":
+            payload: Any = json_format.MessageToDict(pb.json_payload)
+        elif which == "proto_payload":
+            payload = json_format.MessageToDict(pb.proto_payload)
+        else:
+            payload = pb.text_payload
+        moment = (pb.timestamp.ToDatetime(tzinfo=UTC) if pb.HasField("timestamp")
+                  else datetime.now(UTC))
+        records.append(LogRecord(insert_id=pb.insert_id, timestamp=moment,
+                                 task=_task_of(pb.labels, pb.resource.labels),
+                                 text=_text_of(payload)))
+    return records
 
 
 @dataclass
 class LogCursor:
-    """Where a follower is in a job's log, as plain JSON (``launch logs`` may resume it later).
+    """Where a follower is in a job's log (or its event channel), as plain JSON (``launch logs``
+    may resume it later).
 
     ``since`` is the newest entry timestamp read; ``seen`` the insertIds read whose timestamp is
     within ``overlap`` of it. Each read starts ``overlap`` seconds before ``since``, so an entry
     that Cloud Logging makes visible after a newer one was already read (ingestion is not in
     timestamp order) is still found, and ``seen`` keeps the re-read ones from being repeated.
     An entry that turns up later than ``overlap`` behind the newest is missed: the window is the
-    trade-off between that and re-reading entries on every poll.
+    trade-off between that and re-reading entries on every poll. ``scanned`` (the event channel
+    only, whose matches may be minutes apart) is this machine's time when the last read that
+    found everything was sent: the next read need not start before it either.
     """
 
     since: str | None = None
     seen: dict[str, str] = field(default_factory=dict)  # insertId -> timestamp
     state: str | None = None      # the last job state shown as a progress line
     finished: bool = False        # the job's end (and its error) has been shown
-    behind: bool = False          # the last read was cut at the limit: more to read at once
+    behind: bool = False          # the last read was a full page: more to read at once
+    scanned: str | None = None    # when the last complete read was sent (rfc3339)
 
     @classmethod
     def load(cls, data: Any) -> LogCursor:
@@ -467,35 +668,49 @@ class LogCursor:
             data = json.loads(data)
         return cls(since=data.get("since"), seen=dict(data.get("seen") or {}),
                    state=data.get("state"), finished=bool(data.get("finished")),
-                   behind=bool(data.get("behind")))
+                   behind=bool(data.get("behind")), scanned=data.get("scanned"))
 
     def to_json(self) -> dict[str, Any]:
         return {"since": self.since, "seen": dict(self.seen), "state": self.state,
-                "finished": self.finished, "behind": self.behind}
+                "finished": self.finished, "behind": self.behind, "scanned": self.scanned}
 
     def lower_bound(self, start: datetime, overlap_s: float) -> datetime:
-        """Where the next read starts: the overlap before the newest entry read, or ``start``
-        (the job's creation) on the first read. Right after a read cut at the limit it starts at
-        the newest entry itself, so a window holding more than the limit cannot stall it."""
-        if self.since is None:
+        """Where the next read starts: the overlap before the newest entry read (or the last
+        complete read), or ``start`` (the job's creation) on the first read. Right after a full
+        page it starts at the newest entry itself, so a window holding more than a page cannot
+        stall it."""
+        marks = [parse_rfc3339(m) for m in (self.since, self.scanned) if m]
+        if not marks:
             return start
-        newest = parse_rfc3339(self.since)
-        return newest if self.behind else newest - timedelta(seconds=overlap_s)
+        if self.behind and self.since is not None:
+            return parse_rfc3339(self.since)
+        return max(max(marks) - timedelta(seconds=overlap_s), start)
 
-    def accept(self, records: list[LogRecord], overlap_s: float, cut: bool) -> list[LogRecord]:
-        """The records not seen before, in the order read; the cursor moves past all of them."""
+    def accept(self, records: list[LogRecord], overlap_s: float, cut: bool,
+               sent_at: datetime | None = None) -> list[LogRecord]:
+        """The records not seen before, in the order read; the cursor moves past all of them.
+        ``sent_at``: when the read was sent, recorded as ``scanned`` if it found everything."""
         fresh = [r for r in records if r.insert_id not in self.seen]
         for record in fresh:
             self.seen[record.insert_id] = rfc3339(record.timestamp)
         if records:
-            newest = max(r.timestamp for r in records)
-            if self.since is None or newest > parse_rfc3339(self.since):
-                self.since = rfc3339(newest)
-        if self.since is not None:
-            keep_from = parse_rfc3339(self.since) - timedelta(seconds=overlap_s)
-            self.seen = {i: t for i, t in self.seen.items() if parse_rfc3339(t) >= keep_from}
+            newest = rfc3339(max(r.timestamp for r in records))
+            if self.since is None or newest > self.since:
+                self.since = newest
+        if self.since is not None:  # fixed-width timestamps: compared as strings
+            keep_from = rfc3339(parse_rfc3339(self.since) - timedelta(seconds=overlap_s))
+            self.seen = {i: t for i, t in self.seen.items() if t >= keep_from}
         self.behind = cut
+        if sent_at is not None and not cut:
+            self.scanned = rfc3339(sent_at)
         return fresh
+
+    def lag_s(self, now: datetime | None = None) -> float | None:
+        """Seconds between now and the newest entry read, while more is waiting (the last read
+        was a full page); None once a read found the end."""
+        if not self.behind or self.since is None:
+            return None
+        return max(0.0, ((now or datetime.now(UTC)) - parse_rfc3339(self.since)).total_seconds())
 
 
 def record_lines(record: LogRecord) -> list[str]:

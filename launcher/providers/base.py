@@ -92,9 +92,11 @@ class Provider(abc.ABC):
         """Stop the job now; calling it on a finished job does nothing."""
 
     def events(self, job_id: str, cursor: Any = None) -> tuple[list[str], Any]:
-        """The job's structured event lines (the templates' ``emit``) from a channel of their
-        own, read before the log so a failure never waits behind it; none where the provider
-        has no such channel (then the log carries them)."""
+        """The job's structured event lines (the templates' ``emit``) and, on the clouds, its
+        failure lines (a server-side filtered query for the classifier's needles), from a
+        channel of their own, read before the log so a failure never waits behind it; none where
+        the provider has no such channel (then the log carries them). The log still carries
+        every line: these are read twice, shown once."""
         return [], cursor
 
     def behind(self, job_id: str, cursor: Any) -> float | None:

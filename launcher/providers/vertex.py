@@ -25,11 +25,16 @@ folder for every attempt of a run, so a resubmitted plan resumes (docs/providers
 Following: ``get_custom_job`` for the state (state changes come out as ``[vertex]`` lines), Cloud
 Logging for the replicas' output (``resource.type="ml_job"``), read in timestamp order with a JSON
 cursor that de-duplicates by insertId, and the job's ``error.message`` as a last line, since a
-replica killed by the kernel's OOM killer prints nothing itself.
+replica killed by the kernel's OOM killer prints nothing itself. Cloud Logging is read through two
+channels sharing the project's read quota: ``events``, a query filtered on Google's side to the
+templates' event lines and the failure classifier's out-of-memory needles, read first every poll,
+so an OOM is seen seconds after it is written however much the job logs; and ``logs``, the full
+stream, a page at a time, paced to the rest of the quota (``behind`` says how far it trails).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -64,8 +69,17 @@ REGION_SHAPE = ("lowercase words joined by hyphens and ending in a number, like 
                 "europe-west4")
 JOB_NAME = re.compile(r"^projects/([^/]+)/locations/([a-z]+(?:-[a-z]+)+[0-9]{1,2})/customJobs/"
                       r"([0-9]+)$")
-#: Entries read from Cloud Logging per call at most; the cursor carries on from there.
-LOG_READ_LIMIT = 5000
+#: Entries read from Cloud Logging per request (entries.list answers 1000 at most); each read is
+#: one request, and the cursor carries on from there.
+LOG_PAGE_SIZE = _gcp.MAX_PAGE_SIZE
+#: Which of the failure classifier's findings the event channel asks Cloud Logging for: those that
+#: stop a job at once (memory failures, launcher/failures/_rules.py) and the templates' own oom
+#: and done lines. Other failures (NCCL errors, timeouts, tracebacks) end a job by themselves and
+#: their needles ("error", "exception") would bring a chatty job's every warning along; the full
+#: stream carries them to the diagnosis.
+EVENT_CATEGORIES = frozenset({"oom", "event", "done"})
+#: Where a replica's output is in its log entry (the reader takes both).
+EVENT_FIELDS = ("textPayload", "jsonPayload.message")
 BUCKET_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]$")
 
 #: Runs on every node as ``python3 -c BOOTSTRAP <torchrun args>``: fetch the staged archives,
@@ -164,9 +178,17 @@ class Timing:
 
     #: Least time between two get_custom_job calls for one job (the supervisor loops every 0.2 s).
     poll_s: float = 5.0
-    #: Least time between two Cloud Logging reads for one job: entries.list is limited to 60
-    #: requests a minute per project, shared by everything reading logs in it.
+    #: Least time between two reads of a job's full log once it has caught up (a read that
+    #: found the end); while more is waiting, the read quota alone paces it.
     log_poll_s: float = 3.0
+    #: Least time between two reads of a job's event channel: an out-of-memory line is seen at
+    #: most this long (and the query's time) after Cloud Logging shows it. At most half the read
+    #: quota goes to the channel, whatever this says.
+    event_poll_s: float = 2.0
+    #: entries.list requests a minute this process sends to one project at most: Cloud Logging's
+    #: default read quota is 60, shared by everyone reading the project's logs (lower it when
+    #: others read them while jobs run, raise it with the quota). Not seconds.
+    log_reads_per_min: float = _gcp.READS_PER_MINUTE
     #: After a job ends, how long its log is still read for entries Cloud Logging has yet to show.
     log_settle_s: float = 20.0
     #: How far back each read starts before the newest entry already read (late entries).
@@ -192,8 +214,8 @@ class Timing:
                 try:
                     values[f.name] = float(raw)
                 except ValueError:
-                    raise UsageError(f"LAUNCH_VERTEX_{f.name.upper()}={raw!r} is not a number of "
-                                     "seconds") from None
+                    raise UsageError(f"LAUNCH_VERTEX_{f.name.upper()}={raw!r} is not a number"
+                                     ) from None
         return cls(**values)
 
 
@@ -258,6 +280,9 @@ class VertexProvider(Provider):
         self._storage: Any = None
         self._jobs: dict[str, tuple[float, Any]] = {}   # job name -> (monotonic time, CustomJob)
         self._last_read: dict[str, float] = {}          # job name -> monotonic time of last read
+        self._backoffs: dict[tuple[str, str], _gcp.Backoff] = {}  # (job, channel) -> backoff
+        self._events_off: set[str] = set()               # jobs whose event channel was refused
+        self._notes: dict[str, list[str]] = {}           # job -> lines for the next logs()
 
     # -- configuration ---------------------------------------------------------------------------
 
@@ -523,27 +548,40 @@ class VertexProvider(Provider):
 
     def logs(self, job_id: str, cursor: Any = None) -> tuple[list[str], dict[str, Any]]:
         """New lines since ``cursor``: state changes, the replicas' output, and at the end the
-        job's error. After the job ends its log is read until ``log_settle_s`` has passed since
-        the end with nothing new (Cloud Logging shows entries seconds after they are written), so
-        a follower that stops at the first empty answer after a terminal state loses nothing."""
-        state = LogCursor.load(cursor)
+        job's error; one page (one entries.list request) a call at most.
+
+        While the job runs, a read is made only when it is due: the read quota's share for the
+        full stream (:class:`_gcp.ReadQuota`), ``log_poll_s`` once the log has been read to its
+        end, and any backoff after RESOURCE_EXHAUSTED; otherwise nothing is read and the call
+        returns at once, so a supervisor reading the event channel every poll is never held up
+        by the log. After the job ends a read waits for its turn instead, and the log is read
+        until ``log_settle_s`` has passed since the end with nothing new (Cloud Logging shows
+        entries seconds after they are written), so a follower that stops at the first empty
+        answer after a terminal state loses nothing."""
         job = self._get(job_id)
-        lines = self._state_lines(job_id, job, state)
+        terminal = STATES.get(job.state.name) in ("succeeded", "failed", "cancelled")
+        peek = _peek(cursor)
+        if (not terminal and peek.get("state") == job.state.name and job_id not in self._notes
+                and self._log_wait_s(job_id, bool(peek.get("behind"))) > 0):
+            return [], peek  # nothing due: the cursor as it was (no copy of its insertIds)
+        state = LogCursor.load(cursor)
+        lines = self._state_lines(job_id, job, state) + self._notes.pop(job_id, [])
         if state.finished:
             return lines, state.to_json()
-        terminal = STATES.get(job.state.name) in ("succeeded", "failed", "cancelled")
-        if not terminal and (time.monotonic() - self._last_read.get(job_id, -1e9)
-                             < self.timing.log_poll_s):
+        if not terminal:
+            if self._log_wait_s(job_id, state.behind) <= 0:
+                records = self._read(job_id, job, state, wait=False)
+                lines += [line for record in records or () for line in _gcp.record_lines(record)]
             return lines, state.to_json()
-        records = self._read(job_id, job, state)
+        records = self._read(job_id, job, state, wait=True) or []
         ended = _utc(job.end_time) or _utc(job.update_time) or datetime.now(UTC)
-        while terminal and not records and (
-                datetime.now(UTC) - ended).total_seconds() < self.timing.log_settle_s:
-            time.sleep(max(0.05, min(self.timing.log_poll_s, self.timing.log_settle_s)))
+        settle = self.timing.log_settle_s
+        while not records and (datetime.now(UTC) - ended).total_seconds() < settle:
+            time.sleep(max(0.05, min(self.timing.log_poll_s, settle)))
             job = self._get(job_id)  # CANCELLING becomes CANCELLED meanwhile
-            records = self._read(job_id, job, state)
+            records = self._read(job_id, job, state, wait=True) or []
         lines += [line for record in records for line in _gcp.record_lines(record)]
-        if terminal and not records:
+        if not records:
             # Ended, and nothing new for the whole settling time: say how it ended, once.
             state.finished, state.state = True, job.state.name
             number = parse_job_name(job_id)[2]
@@ -551,6 +589,60 @@ class VertexProvider(Provider):
             if job.error and job.error.message:
                 lines.append(f"[vertex] job {number} error: {job.error.message}")
         return lines, state.to_json()
+
+    def events(self, job_id: str, cursor: Any = None) -> tuple[list[str], Any]:
+        """The lines of the job's log that hold a template event (``{"launch": ...}``) or an
+        out-of-memory needle of the failure classifier, found by Cloud Logging itself (the
+        query of :func:`event_query`): a few lines however much the job writes, so an OOM
+        is seen within ``event_poll_s`` of Cloud Logging showing it even while the full stream
+        trails by minutes. Read while the job runs; the cursor is the stream's kind, with its
+        own position. The same lines come again in the full stream, which stays the record
+        (``launch logs`` shows each line once); the job's state stays the last word."""
+        if job_id in self._events_off:
+            return [], cursor
+        job = self._get(job_id)
+        quota = self._quota()
+        if STATES.get(job.state.name) != "running":
+            if STATES.get(job.state.name) in ("succeeded", "failed", "cancelled"):
+                quota.forget(job_id)  # its share of the quota goes back to the stream
+            return [], cursor
+        backoff = self._backoff(job_id, "events")
+        if quota.wait_s("events", job_id) > 0 or backoff.wait_s() > 0:
+            return [], cursor
+        from google.api_core import exceptions as gexc
+
+        state = LogCursor.load(cursor)
+        number = parse_job_name(job_id)[2]
+        created = (_utc(job.create_time) or datetime.now(UTC)) - timedelta(minutes=1)
+        query = event_query(number, state.lower_bound(created, self.timing.log_overlap_s))
+        sent = datetime.now(UTC)
+        with _gcp.translating(f"reading the event channel of Vertex AI job {number}"):
+            try:
+                records, more = self._logs_reader().page(
+                    query, LOG_PAGE_SIZE, before=lambda: quota.spend("events", job_id))
+            except (gexc.InvalidArgument, gexc.BadRequest) as exc:
+                # The query was refused: the full stream still carries every line.
+                self._events_off.add(job_id)
+                quota.forget(job_id)
+                why = (str(getattr(exc, "message", "") or exc).strip().splitlines() or [""])[0]
+                self._notes.setdefault(job_id, []).append(
+                    f"[vertex] the event channel's query was refused ({why}); out-of-memory "
+                    "errors are found in the full log only, as it is read")
+                return [], cursor
+            except Exception as exc:  # transient: try again later; anything else is raised
+                backoff.failed(exc)
+                return [], state.to_json()
+        backoff.succeeded()
+        fresh = state.accept(records, self.timing.log_overlap_s, cut=more, sent_at=sent)
+        return [line for record in fresh for line in _gcp.record_lines(record)], state.to_json()
+
+    def behind(self, job_id: str, cursor: Any) -> float | None:
+        """Seconds between now and the newest entry the full stream has read, while its last
+        read was a full page with more waiting; None once a read found the end."""
+        peek = _peek(cursor)
+        if peek.get("finished"):
+            return None
+        return LogCursor(since=peek.get("since"), behind=bool(peek.get("behind"))).lag_s()
 
     def _state_lines(self, job_id: str, job: Any, state: LogCursor) -> list[str]:
         """A line when the job's state changed since this follower last looked: progress."""
@@ -563,7 +655,19 @@ class VertexProvider(Provider):
             return [f"[vertex] job {number}: {name} ({console_url(job_id, self.project)})"]
         return [f"[vertex] job {number}: {before} -> {name}"]
 
-    def _read(self, job_id: str, job: Any, state: LogCursor) -> list[_gcp.LogRecord]:
+    def _log_wait_s(self, job_id: str, behind: bool) -> float:
+        """Seconds until the full stream may be read again while the job runs."""
+        wait = max(self._quota().wait_s("log"), self._backoff(job_id, "log").wait_s())
+        if not behind:
+            last = self._last_read.get(job_id, float("-inf"))
+            wait = max(wait, last + self.timing.log_poll_s - time.monotonic())
+        return wait
+
+    def _read(self, job_id: str, job: Any, state: LogCursor, *, wait: bool
+              ) -> list[_gcp.LogRecord] | None:
+        """One page of the full stream after ``state``. ``wait``: wait for the quota's turn and
+        retry failures here (the job has ended); else a failure that may pass (RESOURCE_EXHAUSTED,
+        UNAVAILABLE) sets the stream's backoff and the answer is None."""
         number = parse_job_name(job_id)[2]
         # The first read starts at the job's creation (less a minute for clock skew); Cloud
         # Logging would otherwise search the project's whole retention.
@@ -571,11 +675,23 @@ class VertexProvider(Provider):
         lower = state.lower_bound(created, self.timing.log_overlap_s)
         query = (f'resource.type="ml_job" AND resource.labels.job_id="{number}" '
                  f'AND timestamp>="{_gcp.rfc3339(lower)}"')
+        quota, backoff = self._quota(), self._backoff(job_id, "log")
         with _gcp.translating(f"reading the log of Vertex AI job {number}"):
-            records = self._logs_reader().read(query, LOG_READ_LIMIT)
+            if wait:
+                time.sleep(backoff.wait_s())
+                records, more = self._logs_reader().page(
+                    query, LOG_PAGE_SIZE, before=lambda: quota.acquire("log"),
+                    retry=self._retry(reads=True))
+            else:
+                try:
+                    records, more = self._logs_reader().page(
+                        query, LOG_PAGE_SIZE, before=lambda: quota.spend("log"))
+                except Exception as exc:  # transient: try again later; anything else is raised
+                    backoff.failed(exc)
+                    return None
+        backoff.succeeded()
         self._last_read[job_id] = time.monotonic()
-        return state.accept(records, self.timing.log_overlap_s,
-                            cut=len(records) >= LOG_READ_LIMIT)
+        return state.accept(records, self.timing.log_overlap_s, cut=more)
 
     def stop(self, job_id: str) -> None:
         """cancel_custom_job; a job that has already ended is left as it is."""
@@ -635,6 +751,17 @@ class VertexProvider(Provider):
         if self.vertex_endpoint.address:
             return self.vertex_endpoint.address
         return f"{check_region(location, 'the job name')}-aiplatform.googleapis.com"
+
+    def _quota(self) -> _gcp.ReadQuota:
+        return _gcp.read_quota(self.project, self.logging_endpoint, self.timing.log_reads_per_min,
+                               self.timing.event_poll_s)
+
+    def _backoff(self, job_id: str, channel: str) -> _gcp.Backoff:
+        backoff = self._backoffs.get((job_id, channel))
+        if backoff is None:
+            backoff = self._backoffs[job_id, channel] = _gcp.Backoff(
+                self.timing.retry_initial_s, self.timing.retry_deadline_s)
+        return backoff
 
     def _logs_reader(self) -> _gcp.LogReader:
         if self._log_reader is None:
@@ -766,6 +893,34 @@ def parse_job_name(job_id: str) -> tuple[str, str, str]:
         raise UsageError(f"{job_id!r} is not a Vertex AI custom job name",
                          "expected projects/PROJECT/locations/REGION/customJobs/ID")
     return match.group(1), match.group(2), match.group(3)
+
+
+@functools.cache
+def event_needles() -> tuple[str, ...]:
+    """What the event channel asks Cloud Logging for: the templates' event marker and the failure
+    classifier's needles of :data:`EVENT_CATEGORIES` (their one home, launcher/failures; in lower
+    case, which is no matter: the query language ignores case). A needle with a control
+    character (a tab before "oom") is left out: the full stream still brings such a line."""
+    from launcher.events import MARKER
+    from launcher.failures._anchors import needles_for
+
+    found = dict.fromkeys((MARKER, *needles_for(EVENT_CATEGORIES).needles))
+    return tuple(needle for needle in found if needle.isprintable())
+
+
+def event_query(number: str, lower: datetime) -> str:
+    """The event channel's query for job ``number`` from ``lower`` on: the full stream's
+    restriction, and a substring test of each needle on each field (:func:`_gcp.has_any`)."""
+    return (f'resource.type="ml_job" AND resource.labels.job_id="{number}" '
+            f'AND timestamp>="{_gcp.rfc3339(lower)}" '
+            f'AND {_gcp.has_any(EVENT_FIELDS, event_needles())}')
+
+
+def _peek(cursor: Any) -> dict[str, Any]:
+    """A cursor's fields without copying its insertIds (the supervisor asks every poll)."""
+    if not cursor:
+        return {}
+    return json.loads(cursor) if isinstance(cursor, str) else cursor
 
 
 def console_url(job_id: str, project: str) -> str:

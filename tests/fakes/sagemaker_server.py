@@ -19,6 +19,14 @@ Faults: :meth:`FakeSageMaker.throttle` answers ThrottlingException to the next N
 operation; :meth:`FakeSageMaker.lose_response` executes the next N calls and then drops the
 connection without answering (a create that made the job, whose response never arrived).
 :class:`FlakyProxy` sits between a client and moto and drops connections on demand.
+
+CloudWatch Logs' read quotas: :class:`CloudWatchProxy` sits between boto3 and moto's CloudWatch
+Logs, counts the calls of each operation (``X-Amz-Target: Logs_20140328.GetLogEvents``) and
+answers ThrottlingException to those past a configurable number a second, as AWS does. It serves
+FilterLogEvents itself, over moto's stored events: moto's own takes no ``?"a" ?"b"`` OR of terms
+(it matches every event then), ignores ``logStreamNamePrefix`` and scans the whole group on every
+call. :func:`flood` is a job whose 16 ranks write 5,000 lines a second until one runs out of
+memory.
 """
 
 from __future__ import annotations
@@ -125,6 +133,9 @@ class FakeJob:
     ended: threading.Event = field(default_factory=threading.Event)
     streams: dict[str, str] = field(default_factory=dict)   # host -> stream name
     written: dict[str, list[str]] = field(default_factory=dict)  # host -> lines written
+    stamps: dict[str, list[int]] = field(default_factory=dict)   # host -> their timestamps (ms)
+    oom_logged_at: float | None = None  # time.monotonic() once the OOM lines were put
+    flood_rate: float | None = None     # lines a second a flood() job wrote, measured
     stop_calls: int = 0
     first_stop_at: float | None = None
     process: subprocess.Popen[bytes] | None = None
@@ -180,8 +191,11 @@ class JobContext:
                 if status in ("Completed", "Failed", "Stopped"):
                     self.job.end_time = now
 
-    def log(self, host: str, lines: list[str] | str) -> None:
-        """Write lines to ``host``'s stream; one event per line, timestamps never decreasing."""
+    def log(self, host: str, lines: list[str] | str, direct: bool = False) -> None:
+        """Write lines to ``host``'s stream; one event per line, timestamps never decreasing.
+        ``direct``: PutLogEvents into moto's backend in this process instead of over HTTP (moto
+        runs in the tests' process, so a flood's thousands of lines a second over boto3 and
+        HTTP would take the interpreter from the follower being measured)."""
         if isinstance(lines, str):
             lines = [lines]
         lines = [line for line in lines if line]  # CloudWatch takes no empty events
@@ -201,9 +215,16 @@ class JobContext:
         self._last_ts[host] = now
         events = [{"timestamp": now, "message": line} for line in lines]
         for start in range(0, len(events), 1000):
-            logs.put_log_events(logGroupName=LOG_GROUP, logStreamName=stream,
-                                logEvents=events[start:start + 1000])
+            if direct:
+                from moto.logs.models import logs_backends
+
+                logs_backends[ACCOUNT][self.fake.region].put_log_events(
+                    LOG_GROUP, stream, events[start:start + 1000])
+            else:
+                logs.put_log_events(logGroupName=LOG_GROUP, logStreamName=stream,
+                                    logEvents=events[start:start + 1000])
         self.job.written.setdefault(host, []).extend(lines)
+        self.job.stamps.setdefault(host, []).extend([now] * len(lines))
 
     def sleep(self, seconds: float) -> None:
         if self.job.stop_requested.wait(seconds):
@@ -575,6 +596,53 @@ def chatty(lines_per_host: int, hosts_lines: int = 2, pause_every: int = 50,
     return scenario
 
 
+def flood(lines_per_s: float = 5000.0, oom_at_s: float = 3.0, oom_rank: int = 11,
+          gpus: int = 1, batch_s: float = 0.5, hang_s: float = 60.0) -> Scenario:
+    """Every rank prints progress lines, ``lines_per_s`` in all (PutLogEvents in batches of
+    ``batch_s``, one per host); ``oom_at_s`` seconds in, ``oom_rank`` prints an out-of-memory
+    traceback and the template's ``{"launch": "oom"}`` line, and every other rank hangs in its
+    next collective, printing nothing, until the job is stopped. ``job.oom_logged_at`` is when
+    the OOM lines were in CloudWatch Logs."""
+    def scenario(ctx: JobContext) -> None:
+        ctx.start()
+        hosts = ctx.hosts
+        ranks = len(hosts) * gpus
+        role = "rank" if len(hosts) == 1 else "local_rank"
+        began = time.monotonic()
+        written = 0
+        total = int(oom_at_s * lines_per_s)
+        while written < total:
+            due = min(total, int((time.monotonic() - began) * lines_per_s)) - written
+            batches: dict[str, list[str]] = {}
+            for n in range(written, written + due):
+                rank, step = n % ranks, n // ranks
+                batches.setdefault(hosts[rank // gpus], []).append(
+                    f"[{role}{rank % gpus}]:train {step:6d}/100000 "
+                    f"|{'#' * (step % 20):<20}| {step * 0.01:8.2f} tok/s lr=3.0e-04 "
+                    f"rank={rank} line={n}")
+            for host, lines in batches.items():
+                ctx.log(host, lines, direct=True)
+            written += due
+            if written < total:  # the next batch, or the last one when it is due
+                ctx.sleep(min(batch_s, max(0.0, began + oom_at_s - time.monotonic())))
+        ctx.job.flood_rate = written / (time.monotonic() - began)
+        host = hosts[oom_rank // gpus]
+        prefix = f"[{role}{oom_rank % gpus}]:"
+        event = oom_event(oom_rank)
+        ctx.log(host, [
+            prefix + "Traceback (most recent call last):",
+            prefix + '  File "/opt/ml/code/launch_train.py", line 612, in train',
+            prefix + "    loss = training_step(model, batch)",
+            prefix + "torch.OutOfMemoryError: " + event["message"],
+            prefix + json.dumps(event),
+        ])
+        ctx.job.oom_logged_at = time.monotonic()
+        if not ctx.wait_for_stop(hang_s):
+            ctx.fail("AlgorithmError: ExecuteUserScriptError: exit code: 1")
+        raise _Stopped
+    return scenario
+
+
 def execute(python_bin: str | None = None, timeout_s: float = 240.0) -> Scenario:
     """Run the job for real, on this machine, without the container; see the module doc."""
     def scenario(ctx: JobContext) -> None:
@@ -684,6 +752,196 @@ def _upload(s3: Any, folder: Path, uri: str) -> None:
         if path.is_file():
             key = f"{prefix.rstrip('/')}/{path.relative_to(folder).as_posix()}"
             s3.upload_file(str(path), bucket, key)
+
+
+# -- CloudWatch Logs with its read quotas -------------------------------------------------------
+
+
+class CloudWatchProxy:
+    """CloudWatch Logs on 127.0.0.1 as a follower meets it: moto behind, AWS's throttling in front.
+
+    ``limits`` maps an operation (``"GetLogEvents"``) to the calls a second it answers; a call
+    past that within any one-second window gets HTTP 400 ``ThrottlingException`` ("Rate
+    exceeded"), as CloudWatch answers calls past an account's quota, and does not count.
+    ``calls``/``throttled`` count per operation. FilterLogEvents is served here from moto's
+    stored events (the module doc says why), with CloudWatch's semantics for the patterns of
+    unstructured terms: ``?"a" ?b`` any of the terms, ``"a" b`` all of them, each a
+    case-sensitive substring; a pattern over 1,024 characters, or of another kind (JSON,
+    space-delimited, ``%regex%``), is refused with InvalidParameterException. Everything else
+    goes to moto unchanged."""
+
+    def __init__(self, moto_endpoint: str, limits: dict[str, float] | None = None,
+                 region: str = "us-east-1"):
+        self.moto = moto_endpoint.removeprefix("http://")
+        self.limits = dict(limits or {})
+        self.region = region
+        self.calls: dict[str, int] = {}
+        self.throttled: dict[str, int] = {}
+        self._admitted: dict[str, deque[float]] = {}
+        self._lock = threading.Lock()
+        self._matches: dict[tuple[int, str], tuple[int, list[int]]] = {}
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:  # quiet
+                pass
+
+            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                operation = self.headers.get("X-Amz-Target", "").rsplit(".", 1)[-1]
+                if not proxy._admit(operation):
+                    self._answer(400, {"__type": "ThrottlingException",
+                                       "message": "Rate exceeded"})
+                    return
+                if operation == "FilterLogEvents":
+                    try:
+                        self._answer(200, proxy.filter_log_events(json.loads(body or b"{}")))
+                    except ApiError as exc:
+                        self._answer(exc.status, {"__type": exc.code, "message": exc.message})
+                    return
+                status, headers, data = proxy._forward(self.path, dict(self.headers), body)
+                self.send_response(status)
+                for key, value in headers:
+                    if key.lower() not in ("content-length", "transfer-encoding", "connection",
+                                           "server", "date"):
+                        self.send_header(key, value)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def _answer(self, status: int, payload: dict[str, Any]) -> None:
+                data = json.dumps(payload).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/x-amz-json-1.1")
+                self.send_header("Content-Length", str(len(data)))
+                self.send_header("x-amzn-RequestId", "proxy")
+                self.end_headers()
+                self.wfile.write(data)
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def _admit(self, operation: str) -> bool:
+        now = time.monotonic()
+        with self._lock:
+            self.calls[operation] = self.calls.get(operation, 0) + 1
+            limit = self.limits.get(operation)
+            if limit is None:
+                return True
+            window = self._admitted.setdefault(operation, deque())
+            while window and now - window[0] >= 1.0:
+                window.popleft()
+            if len(window) >= limit:
+                self.throttled[operation] = self.throttled.get(operation, 0) + 1
+                return False
+            window.append(now)
+            return True
+
+    def _forward(self, path: str, headers: dict[str, str], body: bytes
+                 ) -> tuple[int, list[tuple[str, str]], bytes]:
+        import http.client
+
+        host, _, port = self.moto.partition(":")
+        connection = http.client.HTTPConnection(host, int(port), timeout=30)
+        try:
+            connection.request("POST", path, body=body, headers=headers)
+            response = connection.getresponse()
+            return response.status, response.getheaders(), response.read()
+        finally:
+            connection.close()
+
+    # -- FilterLogEvents ------------------------------------------------------------------
+
+    def filter_log_events(self, body: dict[str, Any]) -> dict[str, Any]:
+        from moto.logs.models import logs_backends
+
+        pattern = body.get("filterPattern") or ""
+        any_of, all_of = parse_filter_pattern(pattern)
+        group = logs_backends[ACCOUNT][self.region].groups.get(body.get("logGroupName"))
+        if group is None:
+            raise ApiError("ResourceNotFoundException", "The specified log group does not exist.")
+        names = body.get("logStreamNames")
+        prefix = body.get("logStreamNamePrefix")
+        if names and prefix:
+            raise ApiError("InvalidParameterException",
+                           "logStreamNames and logStreamNamePrefix are mutually exclusive")
+        streams = [stream for name, stream in list(group.streams.items())
+                   if (not names or name in names) and (not prefix or name.startswith(prefix))]
+        start, end = body.get("startTime"), body.get("endTime")
+        found: list[tuple[int, int, str, Any]] = []
+        for stream in streams:
+            events = stream.events
+            for index in self._matching(stream, pattern, any_of, all_of):
+                event = events[index]
+                if (start is None or event.timestamp >= start) and (
+                        end is None or event.timestamp <= end):
+                    found.append((event.timestamp, event.event_id, stream.log_stream_name, event))
+        found.sort(key=lambda f: (f[0], f[1]))
+        token = body.get("nextToken")
+        if token:
+            after = tuple(int(x) for x in token.split(":"))
+            found = [f for f in found if (f[0], f[1]) > after]
+        limit = int(body.get("limit") or 10000)
+        page, rest = found[:limit], found[limit:]
+        answer: dict[str, Any] = {
+            "events": [{"logStreamName": name, "timestamp": event.timestamp,
+                        "message": event.message, "ingestionTime": event.ingestion_time,
+                        "eventId": str(event.event_id)} for _, _, name, event in page],
+            "searchedLogStreams": [{"logStreamName": s.log_stream_name,
+                                    "searchedCompletely": True} for s in streams]}
+        if rest:
+            answer["nextToken"] = f"{page[-1][0]}:{page[-1][1]}"
+        return answer
+
+    def _matching(self, stream: Any, pattern: str, any_of: list[str], all_of: list[str]
+                  ) -> list[int]:
+        """Indexes of the stream's events that match, scanning only what came since the last
+        call (a follower asks every second; the stream grows by thousands of lines)."""
+        key = (id(stream), pattern)
+        with self._lock:
+            scanned, matches = self._matches.get(key, (0, []))
+            events = stream.events
+            upto = len(events)
+            for index in range(scanned, upto):
+                message = events[index].message
+                if (not any_of or any(term in message for term in any_of)) and all(
+                        term in message for term in all_of):
+                    matches.append(index)
+            self._matches[key] = (upto, matches)
+            return list(matches)
+
+
+_TERM = re.compile(r'\s*(\??)(?:"([^"]*)"|([^\s"]+))')
+
+
+def parse_filter_pattern(pattern: str) -> tuple[list[str], list[str]]:
+    """(any of, all of) the terms of an unstructured CloudWatch filter pattern."""
+    if len(pattern) > 1024:
+        raise ApiError("InvalidParameterException", "1 validation error detected: Value at "
+                       "'filterPattern' failed to satisfy constraint: Member must have length "
+                       "less than or equal to 1024")
+    if pattern.lstrip()[:1] in ("{", "[", "%"):
+        raise ApiError("InvalidParameterException",
+                       "the fake serves unstructured term patterns only")
+    any_of: list[str] = []
+    all_of: list[str] = []
+    position = 0
+    while position < len(pattern.rstrip()):
+        match = _TERM.match(pattern, position)
+        if match is None or match.end() == position:
+            raise ApiError("InvalidParameterException", f"Invalid filter pattern: {pattern!r}")
+        term = match.group(2) if match.group(2) is not None else match.group(3)
+        (any_of if match.group(1) else all_of).append(term)
+        position = match.end()
+    return any_of, all_of
 
 
 # -- a TCP proxy that drops connections --------------------------------------------------------

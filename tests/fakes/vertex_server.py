@@ -17,10 +17,19 @@ replicas print becomes a log entry.
 
 Faults are injected per method (:meth:`FakeVertex.fail_next`): before the call takes effect, or
 after it (the response is lost: a create that made the job and still answered UNAVAILABLE).
+
+Cloud Logging's side is held to what Google enforces: a read quota on entries.list (by default 60
+requests in any minute, answered RESOURCE_EXHAUSTED / HTTP 429 beyond it, as Google does), pages
+of at most 1000 entries, and the part of the Logging query language the launcher sends, parsed
+for real (comparisons, ``:`` substring tests on the payload, AND, OR, NOT, parentheses, quoted
+strings with backslash escapes): anything else is INVALID_ARGUMENT, never "matches everything".
+:func:`flood` makes a chatty job: many replicas writing thousands of lines a second, one rank
+running out of memory at a given moment, the rest hanging until the job is cancelled.
 """
 
 from __future__ import annotations
 
+import bisect
 import json
 import os
 import re
@@ -31,6 +40,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass, field
@@ -41,11 +51,10 @@ from typing import Any
 from urllib.parse import parse_qs, urlparse
 
 import grpc
-from google.api import monitored_resource_pb2
 from google.cloud.aiplatform_v1.types import CustomJob, JobState
 from google.cloud.aiplatform_v1.types import job_service as js
 from google.cloud.logging_v2.types import ListLogEntriesRequest, ListLogEntriesResponse, LogEntry
-from google.protobuf import empty_pb2, json_format, struct_pb2
+from google.protobuf import empty_pb2, json_format
 
 JOB_SERVICE = "google.cloud.aiplatform.v1.JobService"
 LOGGING_SERVICE = "google.logging.v2.LoggingServiceV2"
@@ -57,6 +66,9 @@ HTTP_STATUS = {
 }
 LABEL = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
 LABEL_VALUE = re.compile(r"^[a-z0-9_-]{0,63}$")
+#: Cloud Logging's default read quota: entries.list requests per minute and project.
+READ_QUOTA = 60
+_ENTRY_PB = LogEntry.pb()
 
 
 class FakeError(Exception):
@@ -74,6 +86,7 @@ class Call:
     transport: str  # grpc | rest
     request: Any
     at: float = field(default_factory=time.monotonic)
+    answered: int | None = None  # ListLogEntries: how many entries the answer held
 
 
 @dataclass
@@ -163,6 +176,70 @@ def execute() -> Callable[[FakeVertex, FakeJob], None]:
     return step
 
 
+def flood(lines_per_s: float, ranks: int, *, oom_at_s: float | None, oom_rank: int = 0,
+          plain: bool = False, hang_s: float = 60.0) -> Callable[[FakeVertex, FakeJob], None]:
+    """A chatty job: its replicas write ``lines_per_s`` lines a second in all, each line from one
+    of ``ranks`` ranks spread evenly over the job's replicas (prefixed ``[rankN]:`` as torchrun's
+    ``--tee`` does), every line different. At ``oom_at_s`` seconds rank ``oom_rank`` runs out of
+    memory: its traceback, the allocator's message (entry ``oom-message``) and, unless
+    ``plain`` (a script without the templates), the templates' ``{"launch": "oom"}`` line (entry
+    ``oom``); ``fake.written`` has when each was written. Then every replica hangs (the others
+    wait on a collective with the dead rank) until the job is cancelled, or fails after
+    ``hang_s`` with an NCCL timeout. ``oom_at_s=None``: no OOM, lines until cancelled or
+    ``hang_s`` has passed."""
+    def step(fake: FakeVertex, job: FakeJob) -> None:
+        tasks = [f"workerpool{p}-{i}" for p, pool in enumerate(job.job.job_spec.worker_pool_specs)
+                 for i in range(pool.replica_count)]
+        if ranks % len(tasks):
+            raise ValueError(f"{ranks} ranks do not spread evenly over {len(tasks)} replicas")
+        per_task = ranks // len(tasks)
+        start = time.monotonic()
+        end = start + (oom_at_s if oom_at_s is not None else hang_s)
+        written = 0
+        while not job.cancel.is_set():
+            now = time.monotonic()
+            due = int((min(now, end) - start) * lines_per_s)
+            batch = []
+            for i in range(written, due):
+                rank = i % ranks
+                batch.append((tasks[rank // per_task],
+                              f"[rank{rank}]:step {i // ranks} micro-batch {i % 7} loss "
+                              f"2.{i % 9973:04d} tokens/s 51234.5 line {i}"))
+            fake.add_entries(job, batch)
+            written = due
+            if now >= end:
+                break
+            job.cancel.wait(0.005)
+        if job.cancel.is_set():
+            return
+        if oom_at_s is None:
+            fake.finish(job, "JOB_STATE_FAILED", "the flood ended without being cancelled")
+            return
+        task, r = tasks[oom_rank // per_task], oom_rank
+        step_no = written // ranks
+        for text in ("Traceback (most recent call last):",
+                     '  File "launch_train.py", line 210, in train_step',
+                     "    loss = model(**batch).loss"):
+            fake.add_entry(job, task, f"[rank{r}]:{text}")
+        fake.add_entry(job, task, f"[rank{r}]:torch.OutOfMemoryError: {OOM_MESSAGE}",
+                       insert_id="oom-message")
+        if not plain:
+            event = {"launch": "oom", "rank": r, "phase": "forward", "step": step_no,
+                     "micro_step": 0, "micro_batch_size": 8, "grad_accum_steps": 1,
+                     "device": "cuda", "message": OOM_MESSAGE.split(". ")[0] + "."}
+            fake.add_entry(job, task, f"[rank{r}]:" + json.dumps(event), insert_id="oom")
+        if not job.cancel.wait(hang_s):
+            fake.finish(job, "JOB_STATE_FAILED", "NCCL watchdog: collective operation timeout")
+    return step
+
+
+#: PyTorch 2.x's CUDA allocator message, as :func:`flood`'s rank prints it.
+OOM_MESSAGE = ("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 1 has a total capacity of "
+               "79.15 GiB of which 1.02 GiB is free. Including non-PyTorch memory, this process "
+               "has 78.11 GiB memory in use. Of the allocated memory 75.50 GiB is allocated by "
+               "PyTorch, and 1.20 GiB is reserved by PyTorch but unallocated.")
+
+
 def succeed_script() -> list[Callable[[FakeVertex, FakeJob], None]]:
     return [state("JOB_STATE_PENDING"), state("JOB_STATE_RUNNING"),
             log("workerpool0-0", "hello"), finish("JOB_STATE_SUCCEEDED")]
@@ -180,14 +257,25 @@ class FakeVertex:
     """JobService and LoggingServiceV2 on 127.0.0.1 over gRPC and REST, sharing one state."""
 
     def __init__(self, *, project: str = "launch-test", project_number: str = "424242",
-                 storage_host: str | None = None, mount_root: Path | None = None):
+                 storage_host: str | None = None, mount_root: Path | None = None,
+                 read_quota: int | None = READ_QUOTA, quota_window_s: float = 60.0):
         self.project = project
         self.project_number = project_number
         self.storage_host = storage_host
         self.mount_root = Path(mount_root or tempfile.mkdtemp(prefix="fake-gcs-"))
         self.jobs: dict[str, FakeJob] = {}
-        self.entries: list[LogEntry] = []
+        self.entries: list[LogEntry] = []  # in the order written
         self.served: dict[str, float] = {}  # insertId -> when a ListLogEntries answer first had it
+        self.written: dict[str, float] = {}  # an insertId given by the script -> when written
+        # Cloud Logging's read quota: entries.list requests per window (None: no quota).
+        self.read_quota = read_quota
+        self.quota_window_s = quota_window_s
+        self.quota_refusals = 0
+        self._reads: deque[float] = deque()
+        # The entries as the filter reads them, in timestamp order (then order written).
+        self._rows: list[_Row] = []
+        self._keys: list[tuple[datetime, int]] = []
+        self._memo_ids: dict[str, int] = {}
         self.calls: list[Call] = []
         self.scripts: list[list[Callable[[FakeVertex, FakeJob], None]]] = []
         self.faults: list[Fault] = []
@@ -277,31 +365,54 @@ class FakeVertex:
     def add_entry(self, job: FakeJob, task: str | None, text: str, *, backdate_s: float = 0.0,
                   insert_id: str | None = None, as_json: bool = False) -> LogEntry:
         with self.lock:
-            if insert_id is None:
-                insert_id = f"e{self._next_entry:07d}"
-                self._next_entry += 1
-            name = task or f"ml.googleapis.com%2F{job.number}"
-            entry = LogEntry(
-                log_name=f"projects/{self.project}/logs/{name}",
-                insert_id=insert_id,
-                timestamp=datetime.now(UTC) - timedelta(seconds=backdate_s),
-                receive_timestamp=datetime.now(UTC),
-                severity="ERROR" if task is None else "INFO",
-                resource=monitored_resource_pb2.MonitoredResource(
-                    type="ml_job", labels={"job_id": job.number, "project_id": self.project,
-                                           "task_name": task or "service"}),
-            )
-            if task is not None:
-                entry.labels = {"ml.googleapis.com/task_name": task,
-                                "ml.googleapis.com/trial_id": ""}
-            if as_json or task is None:
-                payload = struct_pb2.Struct()
-                payload.update({"message": text, "levelname": "ERROR" if task is None else "INFO"})
-                entry.json_payload = payload
-            else:
-                entry.text_payload = text
-            self.entries.append(entry)
-            return entry
+            return self._add(job, task, text, backdate_s, insert_id, as_json)
+
+    def add_entries(self, job: FakeJob, lines: list[tuple[str | None, str]]) -> None:
+        """Several entries (replica, text) at once, as a logging agent batches them."""
+        with self.lock:
+            for task, text in lines:
+                self._add(job, task, text, 0.0, None, False)
+
+    def _add(self, job: FakeJob, task: str | None, text: str, backdate_s: float,
+             insert_id: str | None, as_json: bool) -> LogEntry:
+        if insert_id is None:
+            insert_id = f"e{self._next_entry:07d}"
+        else:
+            self.written[insert_id] = time.monotonic()
+        seq = self._next_entry
+        self._next_entry += 1
+        name = task or f"ml.googleapis.com%2F{job.number}"
+        now = datetime.now(UTC)
+        moment = now - timedelta(seconds=backdate_s)
+        pb = _ENTRY_PB(log_name=f"projects/{self.project}/logs/{name}", insert_id=insert_id,
+                       severity=500 if task is None else 200)  # ERROR, INFO
+        pb.timestamp.FromDatetime(moment)
+        pb.receive_timestamp.FromDatetime(now)
+        resource_labels = {"job_id": job.number, "project_id": self.project,
+                           "task_name": task or "service"}
+        pb.resource.type = "ml_job"
+        pb.resource.labels.update(resource_labels)
+        labels = {}
+        if task is not None:
+            labels = {"ml.googleapis.com/task_name": task, "ml.googleapis.com/trial_id": ""}
+            pb.labels.update(labels)
+        message = None
+        if as_json or task is None:
+            message = text
+            pb.json_payload.update({"message": text,
+                                    "levelname": "ERROR" if task is None else "INFO"})
+        else:
+            pb.text_payload = text
+        row = _Row(key=(moment, seq), insert_id=insert_id, resource_type="ml_job",
+                   resource_labels=resource_labels, labels=labels,
+                   severity="ERROR" if task is None else "INFO", log_name=pb.log_name,
+                   text=None if message is not None else text, message=message, pb=pb)
+        at = bisect.bisect_right(self._keys, row.key)
+        self._keys.insert(at, row.key)
+        self._rows.insert(at, row)
+        entry = LogEntry.wrap(pb)
+        self.entries.append(entry)
+        return entry
 
     # -- JobService ------------------------------------------------------------------------------
 
@@ -377,27 +488,70 @@ class FakeVertex:
 
     def list_log_entries(self, request: ListLogEntriesRequest, transport: str
                          ) -> ListLogEntriesResponse:
-        self._record("ListLogEntries", transport, request)
+        call = self._record("ListLogEntries", transport, request)
         self._raise_fault("ListLogEntries")
         allowed = {f"projects/{self.project}", f"projects/{self.project_number}"}
         if not request.resource_names or not set(request.resource_names) <= allowed:
             raise FakeError("PERMISSION_DENIED",
                             f"resource names {list(request.resource_names)} are not readable")
+        self._charge_read()
         if request.order_by != "timestamp asc":
             raise FakeError("INVALID_ARGUMENT", "the launcher reads in ascending order")
-        clauses = _parse_log_filter(request.filter)
+        if not 0 <= request.page_size <= 1000:
+            raise FakeError("INVALID_ARGUMENT", f"page_size {request.page_size} is outside "
+                                                "[0, 1000]")
+        size = request.page_size or 50
+        query = LogQuery(request.filter, self._memo_id)
         with self.lock:
-            matching = [e for e in self.entries if all(_entry_matches(e, c) for c in clauses)]
-        matching.sort(key=lambda e: e.timestamp)  # stable: equal timestamps keep arrival order
-        start = int(request.page_token or 0)
-        size = min(request.page_size or 50, 1000)
-        page = matching[start:start + size]
+            if request.page_token:
+                moment, _, seq = request.page_token.partition("|")
+                try:
+                    key = (datetime.fromisoformat(moment), int(seq))
+                except ValueError:
+                    raise FakeError("INVALID_ARGUMENT", "page_token is not one of ours") from None
+                i = bisect.bisect_left(self._keys, key)
+            else:
+                i = query.first_index(self._keys)
+            page: list[_Row] = []
+            token = ""
+            while i < len(self._rows):
+                row = self._rows[i]
+                i += 1
+                if not query.match(row):
+                    continue
+                if len(page) == size:  # one more matches: say so, and where the next page starts
+                    token = f"{row.key[0].isoformat()}|{row.key[1]}"
+                    break
+                page.append(row)
+            now = time.monotonic()
+            for row in page:
+                self.served.setdefault(row.insert_id, now)
+            response = ListLogEntriesResponse.pb()(next_page_token=token)
+            response.entries.extend(row.pb for row in page)
+            call.answered = len(page)
+        return ListLogEntriesResponse.wrap(response)
+
+    def _charge_read(self) -> None:
+        """Cloud Logging's read quota: ``read_quota`` requests in any ``quota_window_s``; beyond
+        it RESOURCE_EXHAUSTED (HTTP 429), and the refused request is not counted."""
+        if self.read_quota is None:
+            return
         with self.lock:
             now = time.monotonic()
-            for entry in page:
-                self.served.setdefault(entry.insert_id, now)
-        token = str(start + size) if start + size < len(matching) else ""
-        return ListLogEntriesResponse(entries=page, next_page_token=token)
+            while self._reads and self._reads[0] <= now - self.quota_window_s:
+                self._reads.popleft()
+            if len(self._reads) >= self.read_quota:
+                self.quota_refusals += 1
+                raise FakeError(
+                    "RESOURCE_EXHAUSTED",
+                    "Quota exceeded for quota metric 'Read requests' and limit 'Read requests "
+                    f"per minute' of service 'logging.googleapis.com' for consumer "
+                    f"'project_number:{self.project_number}'.")
+            self._reads.append(now)
+
+    def _memo_id(self, text: str) -> int:
+        with self.lock:
+            return self._memo_ids.setdefault(text, len(self._memo_ids))
 
     # -- running scripts and jobs ----------------------------------------------------------------
 
@@ -506,9 +660,11 @@ class FakeVertex:
 
     # -- helpers -------------------------------------------------------------------------------
 
-    def _record(self, method: str, transport: str, request: Any) -> None:
+    def _record(self, method: str, transport: str, request: Any) -> Call:
+        call = Call(method, transport, request)
         with self.lock:
-            self.calls.append(Call(method, transport, request))
+            self.calls.append(call)
+        return call
 
     def _fault(self, method: str) -> Fault | None:
         with self.lock:
@@ -690,41 +846,266 @@ def _job_field(job: CustomJob, key: str) -> str:
     return job.display_name
 
 
-_LOG_CLAUSE = re.compile(r'(resource\.type|resource\.labels\.\w+|labels\."[^"]+"|timestamp|'
-                         r'severity|logName)\s*(>=|<=|=|>|<)\s*"([^"]*)"')
+# -- Cloud Logging's query language, the part the launcher sends -----------------------------------
 
 
-def _parse_log_filter(text: str) -> list[tuple[str, str, str]]:
-    clauses = []
-    for part in filter(None, (p.strip() for p in re.split(r"\s+AND\s+", text or ""))):
-        match = _LOG_CLAUSE.fullmatch(part)
-        if match is None:
-            raise FakeError("INVALID_ARGUMENT", f"unsupported filter clause {part!r}")
-        clauses.append((match.group(1), match.group(2), match.group(3)))
-    if not any(key == "timestamp" for key, _op, _value in clauses):
-        raise FakeError("INVALID_ARGUMENT", "a read without a timestamp bound scans everything")
-    return clauses
+@dataclass(slots=True)
+class _Row:
+    """One entry as a query reads it, with the protobuf message that is served."""
+
+    key: tuple[datetime, int]  # (timestamp, order written): the index's order
+    insert_id: str
+    resource_type: str
+    resource_labels: dict[str, str]
+    labels: dict[str, str]
+    severity: str
+    log_name: str
+    text: str | None     # textPayload
+    message: str | None  # jsonPayload.message
+    pb: Any
+    text_low: str | None = None
+    message_low: str | None = None
+    memo: dict[int, bool] = field(default_factory=dict)  # a pure group's answer, by its text
+
+    def __post_init__(self) -> None:
+        self.text_low = None if self.text is None else self.text.lower()
+        self.message_low = None if self.message is None else self.message.lower()
 
 
-def _entry_matches(entry: LogEntry, clause: tuple[str, str, str]) -> bool:
-    key, op, value = clause
-    if key == "timestamp":
-        have: Any = entry.timestamp
-        want: Any = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    else:
-        if key == "resource.type":
-            have = entry.resource.type
-        elif key.startswith("resource.labels."):
-            have = entry.resource.labels.get(key.removeprefix("resource.labels."), "")
-        elif key.startswith("labels."):
-            have = entry.labels.get(key.removeprefix("labels.").strip('"'), "")
-        elif key == "severity":
-            have = entry.severity.name
-        else:
-            have = entry.log_name
-        want = value
-    return {"=": have == want, ">=": have >= want, "<=": have <= want, ">": have > want,
-            "<": have < want}[op]
+@dataclass
+class _Node:
+    kind: str  # cmp | and | or | not
+    text: str  # canonical: the key of a group's remembered answers
+    fn: Callable[[_Row], bool]
+    pure: bool  # no timestamp inside: a row's answer never changes
+    leaves: int
+    parts: list[_Node] = field(default_factory=list)
+    has: tuple[str, str] | None = None  # (payload field, lowered needle) of a ":" test
+    bound: tuple[str, datetime] | None = None  # (operator, moment) of a timestamp comparison
+
+
+_TOKEN = re.compile(r'\s*(?:(?P<paren>[()])|(?P<string>"(?:[^"\\]|\\.)*")|'
+                    r'(?P<op>>=|<=|!=|=|>|<|:)|'
+                    r'(?P<word>[A-Za-z_]\w*(?:\.(?:[A-Za-z_]\w*|"(?:[^"\\]|\\.)*"))*))')
+_PAYLOAD = {"textPayload": "text_low", "jsonPayload.message": "message_low"}
+_PLAIN = {"resource.type": "resource_type", "logName": "log_name", "severity": "severity",
+          "insertId": "insert_id"}
+_KEYWORDS = ("AND", "OR", "NOT")
+#: A group of at least this many comparisons, with no timestamp in it, is worked out once a row.
+_REMEMBERED = 4
+
+
+class LogQuery:
+    """A filter of ``entries.list`` in the Logging query language, parsed as Cloud Logging reads
+    it, as far as the launcher writes it: comparisons ``FIELD OP "value"`` (``=``, ``!=``, and
+    ``<`` ... ``>=`` on ``timestamp``; ``:``, a substring test, on ``textPayload`` and
+    ``jsonPayload.message``), ``NOT`` (binding tightest), ``OR``, then ``AND`` (binding least:
+    ``a AND b OR c`` is ``a AND (b OR c)``, as Google's reference says), parentheses, and strings
+    in double quotes with ``\\"`` and ``\\\\`` escapes. String comparisons ignore case, as Cloud
+    Logging's do. Anything else (a bare word, a global restriction, two terms without ``AND``,
+    lower-case operators, regular expressions, functions, other escapes, other fields) is
+    INVALID_ARGUMENT: the fake must never answer a filter it does not understand with entries.
+    """
+
+    def __init__(self, text: str, memo_id: Callable[[str], int]):
+        if len(text) > 20_000:
+            raise self._error(f"the filter has {len(text)} characters; at most 20000 are allowed")
+        self._memo_id = memo_id
+        self._tokens = self._lex(text)
+        self._pos = 0
+        node = self._conjunction()
+        if self._pos < len(self._tokens):
+            raise self._error(f"unexpected {self._tokens[self._pos][1]!r}")
+        self.match = node.fn
+        tops = node.parts if node.kind == "and" else [node]
+        self.bounds = [part.bound for part in tops if part.bound and part.bound[0] in (">=", ">")]
+        if not self.bounds:
+            raise FakeError("INVALID_ARGUMENT", "a read without a timestamp bound scans "
+                                                "everything")
+
+    def first_index(self, keys: list[tuple[datetime, int]]) -> int:
+        """Where in the index the lower timestamp bounds let the scan start."""
+        start = 0
+        for op, moment in self.bounds:
+            at = (bisect.bisect_left(keys, (moment, -1)) if op == ">="
+                  else bisect.bisect_right(keys, (moment, sys.maxsize)))
+            start = max(start, at)
+        return start
+
+    # -- lexing and parsing ------------------------------------------------------------------
+
+    @staticmethod
+    def _error(message: str) -> FakeError:
+        return FakeError("INVALID_ARGUMENT", f"unsupported filter: {message}")
+
+    def _lex(self, text: str) -> list[tuple[str, str]]:
+        tokens, pos = [], 0
+        while pos < len(text):
+            if not text[pos:].strip():
+                break
+            match = _TOKEN.match(text, pos)
+            if match is None:
+                raise self._error(f"cannot read {text[pos:pos + 20].strip()!r}")
+            kind = match.lastgroup or ""
+            tokens.append((kind, match.group(kind)))
+            pos = match.end()
+        return tokens
+
+    def _peek(self) -> tuple[str, str] | None:
+        return self._tokens[self._pos] if self._pos < len(self._tokens) else None
+
+    def _take(self, kind: str, value: str | None = None) -> str:
+        token = self._peek()
+        if token is None or token[0] != kind or (value is not None and token[1] != value):
+            shown = "the end" if token is None else repr(token[1])
+            raise self._error(f"expected {value or kind}, found {shown}")
+        self._pos += 1
+        return token[1]
+
+    def _conjunction(self) -> _Node:
+        parts = [self._disjunction()]
+        while self._peek() == ("word", "AND"):
+            self._pos += 1
+            parts.append(self._disjunction())
+        token = self._peek()
+        if token is not None and token != ("paren", ")"):
+            raise self._error(f"{token[1]!r} follows a term without AND (the fake takes no "
+                              "implicit AND)")
+        return parts[0] if len(parts) == 1 else self._combine("and", parts)
+
+    def _disjunction(self) -> _Node:
+        parts = [self._unary()]
+        while self._peek() == ("word", "OR"):
+            self._pos += 1
+            parts.append(self._unary())
+        return parts[0] if len(parts) == 1 else self._combine("or", parts)
+
+    def _unary(self) -> _Node:
+        if self._peek() == ("word", "NOT"):
+            self._pos += 1
+            inner = self._unary()
+            fn = inner.fn
+            return _Node("not", f"NOT {inner.text}", lambda row: not fn(row), inner.pure,
+                         inner.leaves)
+        if self._peek() == ("paren", "("):
+            self._pos += 1
+            node = self._conjunction()
+            self._take("paren", ")")
+            return self._remembered(node)
+        return self._comparison()
+
+    def _comparison(self) -> _Node:
+        name = self._take("word")
+        if name in _KEYWORDS or name.lower() in ("and", "or", "not"):
+            raise self._error(f"{name!r} where a field was expected")
+        op = self._take("op")
+        raw = self._take("string")
+        value = self._unquote(raw)
+        text = f"{name}{op}{raw}"
+        if name == "timestamp":
+            if op not in ("=", "<", "<=", ">", ">="):
+                raise self._error(f"timestamp {op}")
+            try:
+                moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
+            except ValueError:
+                raise self._error(f"{value!r} is not an RFC 3339 timestamp") from None
+            if moment.tzinfo is None:
+                raise self._error(f"{value!r} has no time zone")
+            compare = {"=": lambda a: a == moment, "<": lambda a: a < moment,
+                       "<=": lambda a: a <= moment, ">": lambda a: a > moment,
+                       ">=": lambda a: a >= moment}[op]
+            return _Node("cmp", text, lambda row: compare(row.key[0]), False, 1,
+                         bound=(op, moment))
+        low = value.lower()
+        if name in _PAYLOAD:
+            attr = _PAYLOAD[name]
+            if op == ":":
+                def has(row: _Row) -> bool:
+                    have = getattr(row, attr)
+                    return have is not None and low in have
+                return _Node("cmp", text, has, True, 1, has=(attr, low))
+            if op in ("=", "!="):
+                want = op == "="
+                return _Node("cmp", text, lambda row: (getattr(row, attr) == low) == want,
+                             True, 1)
+            raise self._error(f"{name} {op}")
+        if op not in ("=", "!="):
+            raise self._error(f"{name} {op} (the fake tests substrings of the payload only)")
+        get = self._getter(name)
+        want = op == "="
+        return _Node("cmp", text, lambda row: (get(row).lower() == low) == want, True, 1)
+
+    def _getter(self, name: str) -> Callable[[_Row], str]:
+        if name in _PLAIN:
+            attr = _PLAIN[name]
+            return lambda row: getattr(row, attr)
+        for prefix, attr in (("resource.labels.", "resource_labels"), ("labels.", "labels")):
+            if name.startswith(prefix):
+                key = name.removeprefix(prefix)
+                if key.startswith('"'):
+                    key = self._unquote(key)
+                return lambda row: getattr(row, attr).get(key, "")
+        raise self._error(f"the field {name!r}")
+
+    def _unquote(self, raw: str) -> str:
+        body, out, i = raw[1:-1], [], 0
+        while i < len(body):
+            char = body[i]
+            if char == "\\":
+                escaped = body[i + 1:i + 2]
+                if escaped not in ('"', "\\"):
+                    raise self._error(f"the escape \\{escaped} in {raw}")
+                out.append(escaped)
+                i += 2
+                continue
+            out.append(char)
+            i += 1
+        return "".join(out)
+
+    def _combine(self, kind: str, parts: list[_Node]) -> _Node:
+        text = f" {kind.upper()} ".join(part.text for part in parts)
+        pure = all(part.pure for part in parts)
+        leaves = sum(part.leaves for part in parts)
+        if kind == "or" and all(part.has for part in parts):  # many needles: one pass each
+            by_field: dict[str, list[str]] = {}
+            for part in parts:
+                assert part.has is not None
+                by_field.setdefault(part.has[0], []).append(part.has[1])
+            groups = [(attr, tuple(needles)) for attr, needles in by_field.items()]
+
+            def any_needle(row: _Row) -> bool:
+                for attr, needles in groups:
+                    have = getattr(row, attr)
+                    if have is not None:
+                        for needle in needles:
+                            if needle in have:
+                                return True
+                return False
+            return _Node(kind, text, any_needle, pure, leaves, parts)
+        fns = [part.fn for part in sorted(parts, key=lambda part: part.leaves)]
+        if kind == "and":
+            def every(row: _Row) -> bool:
+                return all(fn(row) for fn in fns)
+            return _Node(kind, text, every, pure, leaves, parts)
+
+        def some(row: _Row) -> bool:
+            return any(fn(row) for fn in fns)
+        return _Node(kind, text, some, pure, leaves, parts)
+
+    def _remembered(self, node: _Node) -> _Node:
+        """A parenthesised group: as the node, its answer kept per row when it is worth it."""
+        text = f"({node.text})"
+        if not node.pure or node.leaves < _REMEMBERED:
+            return _Node(node.kind, text, node.fn, node.pure, node.leaves, node.parts, node.has,
+                         node.bound)
+        key, fn = self._memo_id(text), node.fn
+
+        def remembered(row: _Row) -> bool:
+            answer = row.memo.get(key)
+            if answer is None:
+                answer = row.memo[key] = fn(row)
+            return answer
+        return _Node(node.kind, text, remembered, True, node.leaves, node.parts)
 
 
 def _free_port() -> int:

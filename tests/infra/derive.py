@@ -148,6 +148,7 @@ ACTION_RESOURCES = {
     "sagemaker:StopTrainingJob": "job", "sagemaker:AddTags": "job",
     "iam:GetRole": "role", "iam:PassRole": "role", "iam:SimulatePrincipalPolicy": "self",
     "logs:DescribeLogStreams": "log-group", "logs:GetLogEvents": "log-stream",
+    "logs:FilterLogEvents": "log-group",
     "servicequotas:ListServiceQuotas": "*",
 }
 

@@ -40,15 +40,18 @@ from launcher.status import ExitStatus, ProviderError, UsageError
 from tests.fakes.sagemaker_server import (
     ACCOUNT,
     HOST_OOM_REASON,
+    CloudWatchProxy,
     FakeSageMaker,
     FlakyProxy,
     chatty,
     cuda_oom,
     execute,
+    flood,
     host_oom,
     isolated_aws_env,
     moto_client,
     no_aws_credentials,
+    oom_event,
     oom_only_in_failure_reason,
     start_moto,
     success,
@@ -126,13 +129,22 @@ def fake(moto: str, tmp_path: Path) -> Any:
 
 
 @pytest.fixture
-def aws_env(moto: str, fake: FakeSageMaker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-            ) -> dict[str, str]:
+def cloudwatch(moto: str) -> Any:
+    """CloudWatch Logs as boto3 reaches it: moto behind the quota-keeping proxy (no limits
+    unless a test sets ``cloudwatch.limits``)."""
+    proxy = CloudWatchProxy(moto)
+    yield proxy
+    proxy.close()
+
+
+@pytest.fixture
+def aws_env(moto: str, fake: FakeSageMaker, cloudwatch: CloudWatchProxy, tmp_path: Path,
+            monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     """Dummy credentials, endpoints on loopback, no config files from the home folder."""
     return isolated_aws_env(
         monkeypatch, tmp_path, AWS_ACCESS_KEY_ID="testing",
         AWS_SECRET_ACCESS_KEY="testing-secret-value", AWS_ENDPOINT_URL=moto,
-        AWS_ENDPOINT_URL_SAGEMAKER=fake.url)
+        AWS_ENDPOINT_URL_SAGEMAKER=fake.url, AWS_ENDPOINT_URL_LOGS=cloudwatch.url)
 
 
 def provider(environ: dict[str, str] | None = None, **settings: Any) -> SageMakerProvider:
@@ -533,7 +545,7 @@ def test_cuda_oom_on_one_of_16_ranks_stops_the_hanging_job_and_resubmits(
     assert (first.outcome, first.state) == ("oom", "cancelled")
     assert first.diagnosis["rank"] == 11 and first.diagnosis["phase"] == "forward"
     assert any("out of memory" in n and "stopping the job" in n for n in notes), notes
-    assert second.job_id == first.job_id.replace("-a1", "-a2")
+    assert second.job_id == first.job_id.removesuffix("-a1") + "-a2"
     request1, request2 = (fake.jobs[a.job_id].request for a in outcome.attempts)
     assert request1["CheckpointConfig"] == request2["CheckpointConfig"]
     assert request2["Environment"]["LAUNCH_MICRO_BATCH_SIZE"] == "2"
@@ -646,7 +658,7 @@ def test_logs_survive_paging_dropped_connections_and_reconnects(tmp_path, aws_en
     environ = {**aws_env, "AWS_ENDPOINT_URL_LOGS": proxy.url}
     release = threading.Event()
     fake.push(chatty(lines_per_host=300, pause_every=40, release=release))
-    p = provider(environ, log_page_size=7, aws_max_attempts=2)
+    p = provider(environ, log_page_size=7, aws_max_attempts=2, log_read_tps=40)
     job_id = p.schedule(p.dryrun(make_job(tmp_path)))
     lines: list[str] = []
     cursor: Any = None
@@ -662,7 +674,7 @@ def test_logs_survive_paging_dropped_connections_and_reconnects(tmp_path, aws_en
             release.set()
         if rounds == 7:              # a new reader, from what the old one saved
             cursor = json.loads(json.dumps(cursor))
-            p = provider(environ, log_page_size=7, aws_max_attempts=2)
+            p = provider(environ, log_page_size=7, aws_max_attempts=2, log_read_tps=40)
         status = p.poll(job_id)
         new, cursor = p.logs(job_id, cursor)
         lines += new
@@ -677,6 +689,165 @@ def test_logs_survive_paging_dropped_connections_and_reconnects(tmp_path, aws_en
         assert [x for x in output if x.startswith(f"[{host}]")] == [
             f"[{host}] {host} line {i}" for i in range(300)]
     assert len(output) == 600
+
+
+# -- a job that floods its log: the event channel, pacing, how far behind -------------------------
+
+#: Read quotas of a busy account, per second (AWS's defaults are 25 for GetLogEvents and
+#: DescribeLogStreams and 5 for FilterLogEvents, shared by everything that reads the account).
+BUSY_ACCOUNT = {"GetLogEvents": 10, "DescribeLogStreams": 10, "FilterLogEvents": 5}
+
+
+def test_the_event_filter_is_the_classifiers_needles_within_cloudwatchs_limit():
+    from launcher.failures._rules import RULES
+    from launcher.providers.sagemaker import FILTER_PATTERN_MAX, event_filter
+    from tests.fakes.sagemaker_server import parse_filter_pattern
+
+    pattern, left_out = event_filter()
+    assert len(pattern) <= FILTER_PATTERN_MAX
+    any_of, all_of = parse_filter_pattern(pattern)  # the fake's reading of CloudWatch's syntax
+    assert not all_of and any_of[0] == "launch" and len(any_of) == len(set(any_of))
+    needles = {n if isinstance(n, str) else n[0] for rule in RULES for n in rule.needles}
+    assert set(any_of[1:]) <= needles  # no list of its own
+    for line in (json.dumps(oom_event(3)), "torch.OutOfMemoryError: CUDA out of memory.",
+                 "[E ProcessGroupNCCL.cpp:616] Watchdog caught collective operation timeout",
+                 "RuntimeError: NCCL communicator was aborted on rank 3"):
+        assert any(term in line for term in any_of), line
+    assert not any(term in "[rank3]:train 12/1000 |####| 3.20 tok/s" for term in any_of)
+    assert left_out  # what did not fit is named (docs/providers/sagemaker.md lists it)
+
+
+def test_pacer_spends_its_rate_and_backs_off_after_a_throttle():
+    from launcher.providers._aws import Pacer
+
+    now = [0.0]
+    pacer = Pacer(4.0, burst=2, clock=lambda: now[0])
+    assert [pacer.take(), pacer.take()] == [0.0, 0.0]
+    assert pacer.take() == pytest.approx(0.25)  # the bucket is empty: one call per 1/rate
+    now[0] += 0.25
+    assert pacer.take() == 0.0
+    pacer.throttled()
+    first = pacer.take()
+    assert 0.125 <= first <= 0.25
+    now[0] += 0.25
+    pacer.throttled()  # again: the backoff doubles
+    assert 0.25 <= pacer.take() <= 0.5
+    now[0] += 1.0
+    pacer.succeeded()
+    assert pacer.take() == 0.0 and pacer.throttles == 2
+
+
+def test_a_flooding_16_rank_job_is_stopped_within_a_poll_of_its_oom_and_logged_whole(
+        tmp_path, aws_env, fake, cloudwatch):
+    """16 hosts write 5,000 lines a second through a busy account's read quota (the follower
+    pages faster than the quota, so CloudWatch throttles it); rank 11 runs out of memory after
+    3 s and the other ranks hang. The supervisor stops the job within one event-channel
+    interval + 2 s of the OOM line's write, and the lines it followed are every line each
+    host wrote, once, in order."""
+    from launcher.runs import Run
+    from launcher.spec import Spec
+    from launcher.supervisor import Supervisor
+
+    cloudwatch.limits.update(BUSY_ACCOUNT)
+    fake.push(flood(lines_per_s=5000, oom_at_s=3.0, oom_rank=11, gpus=1))
+    code = tmp_path / "code"
+    code.mkdir()
+    script = code / "train.py"
+    script.write_text(textwrap.dedent(RECIPE))
+    run = Run.create(tmp_path / "state", "train", {"provider": "sagemaker"})
+    spec = Spec(script=script, mode="recipe", provider="sagemaker", max_attempts=1)
+    p = provider(aws_env, api_interval_s=0.5, log_page_size=200, log_read_tps=20)
+    lines: list[str] = []
+    notes: list[str] = []
+    supervisor = Supervisor(p, run, on_line=lines.append, on_note=notes.append,
+                            poll_interval_s=0.2)
+    start = time.monotonic()
+    outcome = supervisor.launch(spec, make_plan(nodes=16, gpus_per_node=1))
+    assert time.monotonic() - start < 60
+
+    attempt = outcome.last
+    job = fake.jobs[attempt.job_id]
+    assert job.oom_logged_at is not None and job.first_stop_at is not None
+    latency = job.first_stop_at - job.oom_logged_at
+    assert 0 < latency <= p.settings.events_interval_s + 2, latency
+    assert job.stop_calls == 1 and job.status == "Stopped"
+    assert outcome.status == ExitStatus.OUT_OF_MEMORY
+    assert (attempt.outcome, attempt.diagnosis["rank"]) == ("oom", 11)
+    assert cloudwatch.throttled.get("GetLogEvents", 0) > 0  # the quota did bite
+    assert cloudwatch.throttled.get("FilterLogEvents", 0) == 0
+    # The stop came from the event channel, not from the log, which trailed: the supervisor's
+    # note for an OOM found in the log names its cause; the event channel's notes do not.
+    oom_notes = [n for n in notes if n.startswith("out of memory")]
+    assert len(oom_notes) == 1 and "cause" not in oom_notes[0], notes
+
+    output = [x for x in lines if not x.startswith("[sagemaker]")]
+    written = sum(len(v) for v in job.written.values())
+    assert len(output) == written == 15_000 + 5 and job.flood_rate > 4_750  # + the OOM lines
+    for host, host_lines in job.written.items():
+        assert [x for x in output if x.startswith(f"[{host}] ")] == [
+            f"[{host}] {x}" for x in host_lines]
+    # `launch logs` afterwards (a new reader, same busy account): the same lines, once each.
+    again: list[str] = []
+    cursor: Any = None
+    while True:
+        new, cursor = provider(aws_env, log_read_tps=20).logs(attempt.job_id, cursor)
+        if not new:
+            break
+        again += new
+    assert sorted(again) == sorted(lines)  # (interleaved across hosts in other places)
+    for host in job.written:
+        mine = [x for x in again if x.startswith(f"[{host}] ")]
+        assert mine == [x for x in lines if x.startswith(f"[{host}] ")]
+    print(f"\nstop {latency:.2f} s after the OOM line; {written} lines at "
+          f"{job.flood_rate:,.0f}/s read whole; "
+          f"CloudWatch calls {cloudwatch.calls}, throttled {cloudwatch.throttled}")
+
+
+def test_behind_reports_how_far_the_full_log_trails_a_flood(tmp_path, aws_env, fake,
+                                                            cloudwatch):
+    """Reading 500 lines a second of a job writing 5,000: ``behind`` says how far the log read
+    trails the job, as the fake's own record of what it wrote when says; the event channel
+    meanwhile hands over the OOM event (once) and none of the flood."""
+    cloudwatch.limits.update(BUSY_ACCOUNT)
+    fake.push(flood(lines_per_s=5000, oom_at_s=4.0, oom_rank=3, gpus=1))
+    p = provider(aws_env, log_page_size=100, log_read_tps=5, events_interval_s=0.5)
+    job_id = p.schedule(p.dryrun(make_job(tmp_path, make_plan(nodes=4, gpus_per_node=1,
+                                                         global_batch_size=16))))
+    job = fake.jobs[job_id]
+    cursor: Any = None
+    event_cursor: Any = None
+    events: list[str] = []
+    read: dict[str, int] = {}
+    samples: list[tuple[float, float]] = []
+    deadline = time.monotonic() + 30
+    while job.oom_logged_at is None and time.monotonic() < deadline:
+        new, cursor = p.logs(job_id, cursor)
+        for line in new:
+            host = line[1:line.index("]")]
+            if host != "sagemaker":
+                read[host] = read.get(host, 0) + 1
+        lag = p.behind(job_id, cursor)
+        now = time.time() * 1000
+        truth = [now - (job.stamps[h][read[h] - 1] if read.get(h) else job.stamps[h][0] - 1)
+                 for h in list(job.stamps) if len(job.stamps[h]) > read.get(h, 0)]
+        if lag is not None and truth:
+            samples.append((lag, max(truth) / 1000))
+        more, event_cursor = p.events(job_id, event_cursor)
+        events += more
+    for _ in range(4):  # the OOM event is in by now; ask until it has come
+        more, event_cursor = p.events(job_id, event_cursor)
+        events += more
+        if any((parse_event(x) or {}).get("launch") == "oom" for x in events):
+            break
+        time.sleep(0.5)
+    p.stop(job_id)
+    assert len(samples) >= 3
+    lag, truth = samples[-1]
+    assert truth > 2.0 and abs(lag - truth) < 1.0, samples[-3:]
+    assert all(abs(a - b) < 1.0 for a, b in samples[-3:]), samples[-3:]
+    assert sum(1 for x in events if (parse_event(x) or {}).get("launch") == "oom") == 1
+    assert not any("tok/s" in x for x in events)
+    print(f"\nbehind {lag:.1f} s (truth {truth:.1f} s) after {len(samples)} reads")
 
 
 # -- the job, run for real -------------------------------------------------------------------------

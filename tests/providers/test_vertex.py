@@ -15,6 +15,7 @@ import tarfile
 import textwrap
 import time
 import uuid
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,7 @@ from tests.fakes.vertex_server import (  # noqa: E402
     FakeVertex,
     execute,
     finish,
+    flood,
     log,
     sleep,
     state,
@@ -92,8 +94,10 @@ def bucket(storage) -> str:
 
 @pytest.fixture
 def fake(storage_emulator, tmp_path):
+    """The fake without Cloud Logging's read quota: these tests poll every few milliseconds (the
+    timings are set near zero). The tests of a flooding job keep the quota on."""
     with FakeVertex(project=PROJECT, storage_host=storage_emulator,
-                    mount_root=tmp_path / "gcs-mount") as server:
+                    mount_root=tmp_path / "gcs-mount", read_quota=None) as server:
         yield server
 
 
@@ -104,6 +108,7 @@ def vertex_env(fake: FakeVertex, storage_emulator: str, transport: str = "rest",
         "LAUNCH_VERTEX_ENDPOINT": endpoint, "LAUNCH_LOGGING_ENDPOINT": endpoint,
         "STORAGE_EMULATOR_HOST": storage_emulator,
         "LAUNCH_VERTEX_POLL_S": "0", "LAUNCH_VERTEX_LOG_POLL_S": "0",
+        "LAUNCH_VERTEX_EVENT_POLL_S": "0", "LAUNCH_VERTEX_LOG_READS_PER_MIN": "100000",
         "LAUNCH_VERTEX_LOG_SETTLE_S": "0.3", "LAUNCH_VERTEX_RETRY_INITIAL_S": "0.05",
         "LAUNCH_VERTEX_RPC_TIMEOUT_S": "20", **extra,
     }
@@ -634,7 +639,7 @@ def test_a_cursor_is_json_and_another_process_carries_on_from_it(fake, storage_e
 
 def test_a_read_cut_at_the_limit_carries_on_where_it_stopped(fake, storage_emulator, bucket,
                                                             tmp_path, monkeypatch):
-    monkeypatch.setattr(vertex, "LOG_READ_LIMIT", 3)
+    monkeypatch.setattr(vertex, "LOG_PAGE_SIZE", 3)
     fake.script(state("JOB_STATE_RUNNING"), *[log("workerpool0-0", f"n{i}") for i in range(10)],
                 finish("JOB_STATE_SUCCEEDED", delay=0.05))
     provider = provider_for(fake, storage_emulator, bucket)
@@ -769,6 +774,384 @@ def test_stop_cancels_and_stopping_an_ended_job_does_nothing(fake, storage_emula
     fake.wait_for(lambda: next(iter(fake.jobs.values())).state == "JOB_STATE_CANCELLED")
     provider.stop(job_id)  # Vertex AI answers FAILED_PRECONDITION; nothing to do
     assert len(fake.calls_to("CancelCustomJob")) == 2
+
+
+# -- a job that writes faster than Cloud Logging can be read ---------------------------------------
+
+FLOOD_LINES_PER_S = 5000  # all replicas together: five times what the read quota can carry
+FLOOD_RANKS = 16
+
+
+@pytest.fixture
+def quota_fake(storage_emulator, tmp_path):
+    """The fake holding reads to Cloud Logging's default quota: 60 entries.list a minute."""
+    with FakeVertex(project=PROJECT, storage_host=storage_emulator,
+                    mount_root=tmp_path / "gcs-mount") as server:
+        assert server.read_quota == 60 and server.quota_window_s == 60
+        yield server
+
+
+def flood_env(fake: FakeVertex, storage_emulator: str, **extra: str) -> dict[str, str]:
+    """Reads paced as in production (the event channel every 2 s, 60 reads a minute in all);
+    the job's state read at once and a short settling time, so the test ends soon."""
+    return vertex_env(fake, storage_emulator, "grpc", LAUNCH_VERTEX_EVENT_POLL_S="2",
+                      LAUNCH_VERTEX_LOG_READS_PER_MIN="60", LAUNCH_VERTEX_LOG_POLL_S="3",
+                      LAUNCH_VERTEX_LOG_SETTLE_S="1", **extra)
+
+
+def entry_lines(fake: FakeVertex, number: str) -> Counter[str]:
+    """Every line of job ``number``'s entries, prefixed as a follower shows them."""
+    lines: Counter[str] = Counter()
+    for entry in list(fake.entries):
+        if entry.resource.labels["job_id"] != number:
+            continue
+        task = entry.labels.get("ml.googleapis.com/task_name")
+        pb = type(entry).pb(entry)
+        text = pb.text_payload if pb.HasField("text_payload") else entry.json_payload["message"]
+        lines.update(f"{task}: {line}" if task else f"[vertex] {line}"
+                     for line in text.split("\n"))
+    return lines
+
+
+def flood_run(tmp_path: Path, bucket: str) -> tuple[Any, Any]:
+    from launcher.runs import Run
+    from launcher.spec import Spec
+
+    code = tmp_path / "code"
+    code.mkdir(exist_ok=True)
+    (code / "train.py").write_text(textwrap.dedent(TINY_RECIPE))
+    spec = Spec(script=code / "train.py", mode="recipe", provider="vertex", max_attempts=1,
+                region=REGION, project=PROJECT, bucket=bucket)
+    run = Run.create(tmp_path / "state", "train", {"provider": "vertex", "spec": spec.to_dict()})
+    return spec, run
+
+
+#: When the flood's rank runs out of memory: just after an event read (they go every 2 s from
+#: the job's start), the least favourable moment (measured: cancelled 1.5 to 1.9 s after it).
+OOM_AT_S = 4.5
+#: 16 ranks: four nodes of four GPUs, four replicas writing.
+FLOOD_PLAN = {"machine": "a2-highgpu-4g", "nodes": 4, "gpus_per_node": 4,
+              "global_batch_size": 64}
+
+
+def test_a_16_rank_job_flooding_its_log_is_stopped_within_a_poll_of_its_oom(
+        quota_fake, storage_emulator, bucket, tmp_path):
+    """5,000 lines a second against a quota that reads 1,000 at most: the full stream falls
+    further behind while the job runs, the event channel does not. The job is cancelled within
+    one event poll (and 2 s) of the OOM's entry; afterwards the stream is read to its end within
+    the quota, every line exactly once, and the supervisor said how far behind it was."""
+    from launcher.supervisor import BEHIND_NOTE_S, Supervisor
+
+    fake = quota_fake
+    fake.script(state("JOB_STATE_RUNNING"),
+                flood(FLOOD_LINES_PER_S, FLOOD_RANKS, oom_at_s=OOM_AT_S, oom_rank=5))
+    spec, run = flood_run(tmp_path, bucket)
+    provider = VertexProvider.from_settings(
+        {"project": PROJECT, "region": REGION, "bucket": bucket},
+        flood_env(fake, storage_emulator))
+    lines: list[str] = []
+    notes: list[str] = []
+    supervisor = Supervisor(provider, run, on_line=lines.append, on_note=notes.append,
+                            poll_interval_s=0.05)
+    started = time.monotonic()
+    outcome = supervisor.launch(spec, make_plan(**FLOOD_PLAN))
+    took = time.monotonic() - started
+
+    assert outcome.status == ExitStatus.OUT_OF_MEMORY, (outcome.message, notes)
+    attempt = outcome.last
+    assert attempt.outcome == "oom" and attempt.diagnosis["rank"] == 5, attempt.diagnosis
+    (job,) = fake.jobs.values()
+    assert job.state == "JOB_STATE_CANCELLED" and job.cancelled_at is not None
+    oom_written = min(fake.written["oom-message"], fake.written["oom"])
+    latency = job.cancelled_at - oom_written
+    assert latency <= provider.timing.event_poll_s + 2.0, (latency, notes)
+    # Within the quota throughout: the provider paced itself, nothing was refused.
+    assert fake.quota_refusals == 0
+    reads = [c.at for c in fake.calls_to("ListLogEntries")]
+    assert all(sum(1 for t in reads if at <= t < at + 60) <= 60 for at in reads)
+    # The event channel asked Cloud Logging for a few lines, not for the flood.
+    event_reads = [c for c in fake.calls_to("ListLogEntries")
+                   if 'textPayload:"{\\"launch\\":"' in c.request.filter]
+    assert event_reads and sum(c.answered or 0 for c in event_reads) <= 10
+    # Every line of the job exactly once, in the full stream: the flood's 22,500 and the OOM's.
+    shown = Counter(output(lines))
+    written = entry_lines(fake, job.number)
+    assert sum(written.values()) >= 0.9 * OOM_AT_S * FLOOD_LINES_PER_S
+    assert max(shown.values()) == 1 and shown == written
+    # The stream trailed the job by more than the note's threshold, and the supervisor said so.
+    behind = [note for note in notes if "behind the job" in note]
+    assert behind and attempt.summary["log_behind_s"] >= BEHIND_NOTE_S, notes
+    assert notes.index(behind[0]) > next(i for i, n in enumerate(notes) if "out of memory" in n)
+    assert took < 60, took
+
+
+def test_behind_reports_how_far_the_stream_trails_a_flood_and_none_once_caught_up(
+        quota_fake, storage_emulator, bucket, tmp_path):
+    """``behind``: the seconds of log still unread, from the paging state (a full page, more
+    waiting); checked against what the fake holds and the reader has not yet had."""
+    fake = quota_fake
+    fake.script(state("JOB_STATE_RUNNING"),
+                flood(FLOOD_LINES_PER_S, FLOOD_RANKS, oom_at_s=None, hang_s=2.0))
+    provider = VertexProvider.from_settings(
+        {"project": PROJECT, "region": REGION, "bucket": bucket},
+        flood_env(fake, storage_emulator))
+    _request, job_id = provider.submit(make_job(tmp_path, make_plan(**FLOOD_PLAN)))
+    (job,) = fake.jobs.values()
+    fake.wait_for(lambda: len(fake.entries) >= 3000)
+    cursor: Any = None
+    shown: list[str] = []
+    lags: list[tuple[float, float]] = []  # (behind, unread seconds by the fake's count)
+    while provider.poll(job_id).state == "running":
+        new, cursor = provider.logs(job_id, cursor)
+        shown += output(new)
+        lag = provider.behind(job_id, cursor)
+        if new and lag is not None:
+            unread = sum(entry_lines(fake, job.number).values()) - len(shown)
+            lags.append((lag, unread / FLOOD_LINES_PER_S))
+        time.sleep(0.05)
+    assert len(lags) >= 2, lags
+    for lag, unread_s in lags:
+        assert lag == pytest.approx(unread_s, abs=1.0), lags
+    assert lags[-1][0] > lags[0][0] > 0.2  # further behind with each page while it floods
+    rest, status, cursor = follow(provider, job_id, cursor=cursor)
+    assert status.state == "failed"
+    assert provider.behind(job_id, cursor) is None  # read to the end
+    shown += output(rest)
+    assert Counter(shown) == entry_lines(fake, job.number) and len(set(shown)) == len(shown)
+    assert fake.quota_refusals == 0
+
+
+def test_resource_exhausted_backs_off_without_holding_the_follower(fake, storage_emulator,
+                                                                  bucket, tmp_path):
+    """While the job runs, a read refused for the quota is one request and an empty answer
+    (the event channel's next read is not held up), and the next read waits for the backoff;
+    after the job's end a refused read is retried within the call."""
+    fake.script(state("JOB_STATE_RUNNING"), log("workerpool0-0", "first", insert_id="first"),
+                wait_read("first"), log("workerpool0-0", "second"),
+                wait_cancel(30, "not cancelled"))
+    provider = VertexProvider.from_settings(
+        {"project": PROJECT, "region": REGION, "bucket": bucket},
+        vertex_env(fake, storage_emulator, LAUNCH_VERTEX_RETRY_INITIAL_S="2"))
+    _request, job_id = provider.submit(make_job(tmp_path))
+    fake.wait_for(lambda: fake.entries)
+    fake.wait_for(lambda: provider.poll(job_id).state == "running")
+    reads = len(fake.calls_to("ListLogEntries"))
+    fake.fail_next("ListLogEntries", "RESOURCE_EXHAUSTED")
+    lines, cursor = provider.logs(job_id)
+    assert output(lines) == [] and len(fake.calls_to("ListLogEntries")) == reads + 1
+    lines, cursor = provider.logs(job_id, cursor)  # backing off (1 to 2 s): nothing sent
+    assert output(lines) == [] and len(fake.calls_to("ListLogEntries")) == reads + 1
+    deadline = time.monotonic() + 8
+    while not output(lines) and time.monotonic() < deadline:
+        time.sleep(0.05)
+        lines, cursor = provider.logs(job_id, cursor)
+    assert output(lines) == ["workerpool0-0: first"]
+    fake.wait_for(lambda: len(fake.entries) >= 2)
+    provider.stop(job_id)
+    fake.wait_for(lambda: provider.poll(job_id).terminal)
+    fake.fail_next("ListLogEntries", "RESOURCE_EXHAUSTED")
+    before = len(fake.calls_to("ListLogEntries"))
+    lines, cursor = provider.logs(job_id, cursor)  # ended: retried here
+    assert output(lines) == ["workerpool0-0: second"]
+    assert len(fake.calls_to("ListLogEntries")) == before + 2
+
+
+@pytest.mark.parametrize("transport", ["grpc", "rest"])
+def test_a_follower_over_a_quota_others_use_up_still_shows_every_line_once(
+        storage_emulator, bucket, tmp_path, transport):
+    """Someone else reads the project's logs too: the provider counts only its own reads, so
+    Cloud Logging refuses some (RESOURCE_EXHAUSTED, HTTP 429 over REST); the supervisor backs
+    off and carries on, and every line is still shown once."""
+    from launcher.supervisor import Supervisor
+
+    with FakeVertex(project=PROJECT, storage_host=storage_emulator,
+                    mount_root=tmp_path / "gcs-mount", read_quota=3,
+                    quota_window_s=0.5) as fake:
+        fake.script(state("JOB_STATE_RUNNING"),
+                    *[log(f"workerpool0-{i % 2}", f"[rank{i % 2}]:line {i}", delay=0.02)
+                      for i in range(40)],
+                    log("workerpool0-0", metrics(0, 1)), sleep(0.5),
+                    finish("JOB_STATE_SUCCEEDED"))
+        spec, run = flood_run(tmp_path, bucket)
+        provider = VertexProvider.from_settings(
+            {"project": PROJECT, "region": REGION, "bucket": bucket},
+            vertex_env(fake, storage_emulator, transport,
+                       LAUNCH_VERTEX_LOG_SETTLE_S="1"))
+        lines: list[str] = []
+        supervisor = Supervisor(provider, run, on_line=lines.append, on_note=lambda _: None,
+                                poll_interval_s=0.01)
+        outcome = supervisor.launch(spec, make_plan(nodes=2, global_batch_size=16))
+        assert outcome.status == ExitStatus.SUCCESS, outcome.message
+        assert fake.quota_refusals > 0
+        (job,) = fake.jobs.values()
+        assert Counter(output(lines)) == entry_lines(fake, job.number)
+        assert len(output(lines)) == 41 and outcome.last.summary["steps"] == 1
+
+
+def test_the_event_channel_is_a_filtered_query_built_from_the_failure_classifier(
+        fake, storage_emulator, bucket, tmp_path):
+    """What the event channel asks Cloud Logging for: the templates' lines and every needle of
+    the classifier's memory failures (their one home), on both payload fields, within Cloud
+    Logging's 20,000 characters; the fake answers it as Google would: substrings, any case."""
+    from datetime import UTC, datetime
+
+    from launcher.events import MARKER
+    from launcher.failures._anchors import needles_for
+    from launcher.providers import _gcp
+
+    query = vertex.event_query("7001", datetime(2026, 8, 1, tzinfo=UTC))
+    assert len(query) <= _gcp.FILTER_MAX_CHARS
+    for needle in (MARKER, *needles_for(vertex.EVENT_CATEGORIES).needles):
+        if needle.isprintable():
+            for name in vertex.EVENT_FIELDS:
+                assert f"{name}:{_gcp.quote(needle)}" in query
+    assert _gcp.quote('a "b" \\c') == '"a \\"b\\" \\\\c"'
+    with pytest.raises(ValueError):
+        _gcp.quote("\toom")
+
+    wanted = [
+        f"workerpool1-0: {metrics(3, 7)}",
+        "workerpool1-0: [rank3]:torch.OutOfMemoryError: CUDA out of memory. Tried to allocate "
+        "2.00 GiB",
+        "workerpool0-0: [rank0]:RuntimeError: cuda OUT OF MEMORY (a hand-made message)",
+        "workerpool0-0: [rank1]:Killed",
+        "[vertex] The replica workerpool1-0 ran out-of-memory and exited with a non-zero status "
+        "of 9(SIGKILL).",
+    ]
+    fake.script(state("JOB_STATE_RUNNING"),
+                log("workerpool0-0", "[rank0]:step 1 loss 2.31"),
+                log("workerpool1-0", wanted[0].split(": ", 1)[1]),
+                log("workerpool0-0", "[rank0]:zoom into the room, 12 GB of RAM"),
+                log("workerpool1-0", wanted[1].split(": ", 1)[1]),
+                log("workerpool0-0", wanted[2].split(": ", 1)[1], as_json=True),
+                log("workerpool0-0", wanted[3].split(": ", 1)[1]),
+                log(None, wanted[4].removeprefix("[vertex] ")),
+                log("workerpool0-0", "[rank0]:NCCL error: unhandled system error", insert_id="z"),
+                wait_cancel(30, "not cancelled"))
+    provider = provider_for(fake, storage_emulator, bucket, "rest")
+    _request, job_id = provider.submit(make_job(tmp_path))
+    fake.wait_for(lambda: "z" in fake.written)
+    fake.wait_for(lambda: provider.poll(job_id).state == "running")
+    got, cursor = provider.events(job_id)
+    assert got == wanted
+    again, cursor = provider.events(job_id, cursor)
+    assert again == []  # read again from before the newest (late entries): nothing twice
+    provider.stop(job_id)
+
+
+def test_a_plain_scripts_oom_is_stopped_from_the_event_channel_alone(
+        fake, storage_emulator, bucket, tmp_path):
+    """No templates' line, and a full stream that will not be read again for a minute: the
+    allocator's message comes through the event channel and the supervisor stops the job."""
+    from launcher.supervisor import Supervisor
+
+    message = "[rank1]:torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB."
+    fake.script(state("JOB_STATE_RUNNING"), log("workerpool0-0", "[rank0]:step 1", insert_id="a"),
+                wait_read("a"), sleep(0.2), log("workerpool0-0", message, insert_id="oom"),
+                wait_cancel(30, "NCCL watchdog timeout"))
+    spec, run = flood_run(tmp_path, bucket)
+    provider = VertexProvider.from_settings(
+        {"project": PROJECT, "region": REGION, "bucket": bucket},
+        vertex_env(fake, storage_emulator, "grpc", LAUNCH_VERTEX_LOG_POLL_S="60"))
+    lines: list[str] = []
+    notes: list[str] = []
+    supervisor = Supervisor(provider, run, on_line=lines.append, on_note=notes.append,
+                            poll_interval_s=0.01)
+    outcome = supervisor.launch(spec, make_plan())
+    (job,) = fake.jobs.values()
+    assert outcome.last.outcome == "oom" and job.state == "JOB_STATE_CANCELLED"
+    assert job.cancelled_at - fake.written["oom"] < 2.0
+    assert "oom" not in fake.served or fake.served["oom"] <= job.cancelled_at
+    stream = [c for c in fake.calls_to("ListLogEntries") if "textPayload:" not in c.request.filter]
+    assert not [c for c in stream if fake.written["oom"] <= c.at < job.cancelled_at]
+    assert any(note.startswith("out of memory on rank 1") for note in notes), notes
+    assert f"workerpool0-0: {message}" in lines  # the full stream still shows it, once
+    assert lines.count(f"workerpool0-0: {message}") == 1
+
+
+def test_an_event_query_cloud_logging_refuses_leaves_the_full_stream(fake, storage_emulator,
+                                                                     bucket, tmp_path):
+    fake.script(state("JOB_STATE_RUNNING"), log("workerpool0-0", metrics(0, 1)),
+                wait_cancel(30, "not cancelled"))
+    provider = provider_for(fake, storage_emulator, bucket)
+    _request, job_id = provider.submit(make_job(tmp_path))
+    fake.wait_for(lambda: fake.entries)
+    fake.wait_for(lambda: provider.poll(job_id).state == "running")
+    fake.fail_next("ListLogEntries", "INVALID_ARGUMENT")
+    assert provider.events(job_id) == ([], None)
+    calls = len(fake.calls_to("ListLogEntries"))
+    assert provider.events(job_id) == ([], None)  # off for this job: nothing more is sent
+    assert len(fake.calls_to("ListLogEntries")) == calls
+    lines, _cursor = provider.logs(job_id)
+    assert any("event channel's query was refused" in line for line in lines)
+    assert f"workerpool0-0: {metrics(0, 1)}" in lines
+    provider.stop(job_id)
+
+
+def test_the_fakes_query_language_refuses_what_it_does_not_know():
+    """Cloud Logging's precedence (NOT, then OR, then AND), escapes and case; and anything
+    outside the subset is INVALID_ARGUMENT, never a filter that matches everything."""
+    from datetime import UTC, datetime
+
+    from tests.fakes.vertex_server import FakeError, LogQuery, _Row
+
+    def row(text: str, task: str = "workerpool0-0") -> _Row:
+        return _Row(key=(datetime(2026, 8, 1, 0, 0, 1, tzinfo=UTC), 1), insert_id="i",
+                    resource_type="ml_job", resource_labels={"job_id": "7"},
+                    labels={"ml.googleapis.com/task_name": task}, severity="INFO",
+                    log_name="l", text=text, message=None, pb=None)
+
+    ids: dict[str, int] = {}
+
+    def matches(query: str, text: str) -> bool:
+        return LogQuery('timestamp>="2026-08-01T00:00:00Z" AND ' + query,
+                        lambda t: ids.setdefault(t, len(ids))).match(row(text))
+
+    assert matches('textPayload:"cuda OUT of"', "CUDA out of memory")
+    assert not matches('textPayload:"cuda out of"', "HIP out of memory")
+    assert matches('textPayload:"{\\"launch\\":"', '[rank0]:{"launch": "oom"}')
+    assert matches('textPayload:"a\\\\b"', "a\\b")
+    # AND binds least: a AND b OR c is a AND (b OR c).
+    assert matches('resource.labels.job_id="7" AND textPayload:"x" OR textPayload:"y"', "y")
+    assert not matches('resource.labels.job_id="8" AND textPayload:"x" OR textPayload:"y"', "y")
+    assert matches('NOT textPayload:"x" AND labels."ml.googleapis.com/task_name"='
+                   '"WORKERPOOL0-0"', "y")
+    for bad in ('textPayload:x', 'textPayload:"x" textPayload:"y"', 'textPayload:"x" or '
+                'textPayload:"y"', '"x"', 'textPayload=~"x"', 'SEARCH("x")',
+                'textPayload:"\\t"', 'httpRequest.status="500"', 'resource.type:"ml"',
+                '(textPayload:"x"', 'textPayload:"x")', 'severity>="ERROR"'):
+        with pytest.raises(FakeError) as caught:
+            matches(bad, "x")
+        assert caught.value.code == "INVALID_ARGUMENT", bad
+    with pytest.raises(FakeError, match="timestamp bound"):
+        LogQuery('textPayload:"x"', lambda t: 0)
+
+
+def test_the_read_quota_gives_the_event_channel_its_turn_and_the_stream_the_rest():
+    """60 reads a minute: the event channel every 2 s per job, the stream evenly spread over
+    the rest (every 2 s while a job's events are read, every second once they stop), and never
+    more than 60 in any 61 s."""
+    from launcher.providers._gcp import QUOTA_MARGIN_S, ReadQuota
+
+    quota = ReadQuota(per_minute=60, events_every_s=2.0)
+    assert quota.wait_s("log") == 0 and quota.wait_s("events", "job") == 0
+    quota.spend("events", "job")
+    quota.spend("log")
+    sent = time.monotonic()
+    assert quota.wait_s("events", "job", now=sent + 1.0) == pytest.approx(1.0, abs=0.05)
+    assert quota.wait_s("events", "other", now=sent) == 0  # per job
+    assert quota.wait_s("log", now=sent + 1.0) == pytest.approx(1.0, abs=0.05)  # 30 a minute
+    quota.forget("job")  # its job ended: the stream gets the whole quota
+    assert quota.wait_s("log", now=sent + 0.5) == pytest.approx(0.5, abs=0.05)
+    for _ in range(58):
+        quota.spend("events", "third")
+    full = time.monotonic()
+    # 60 in the window: the next waits until the oldest has left it, whatever the channel.
+    for channel in ("log", "events"):
+        wait = quota.wait_s(channel, "fourth", now=full + 5)
+        assert wait == pytest.approx(sent + 60 + QUOTA_MARGIN_S - full - 5, abs=0.05)
+    # An event interval shorter than the quota allows is stretched: at most half the quota.
+    assert ReadQuota(per_minute=60, events_every_s=0.1).events_every_s == 2.0
 
 
 # -- launch status | logs | cancel ---------------------------------------------------------------
