@@ -8,7 +8,7 @@ results):
    activation checkpointing, reshard_after_forward), on a small GPT and a small Llama
    (bench/models_zoo.py): the traced rank-0 peak (``trace_recipe(strategy=...)``, one process,
    a fake process group of 2 ranks, CPU semantics) against a real 2-process gloo run of the
-   same steps, each rank's peak read from the CPU allocator's own events (``_trace_child.measure``
+   same steps, each rank's peak read from the CPU allocator's own events (``_measure.measure``
    via ``python -m launcher.estimate._trace_dist``, torchrun-style). The real peak is given raw
    and without gloo's own buffers (docs/estimator.md says why both).
 2. Scaling, fake only: FSDP at 8 and 64 ranks of a 150M-parameter Llama (CUDA semantics,

@@ -285,7 +285,7 @@ def _training_flops(module: Any) -> float | None:
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.utils.flop_counter import FlopCounterMode
 
-    from launcher.estimate._trace_child import SCALED_DEPTHS, truncate_blocks
+    from launcher.estimate._blocks import SCALED_DEPTHS, truncate_blocks
 
     def count(depth: int | None) -> tuple[float, dict[str, Any] | None]:
         with FakeTensorMode(allow_non_fake_inputs=True):

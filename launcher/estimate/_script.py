@@ -10,7 +10,7 @@ the update and ``zero_grad``), ``clip_gradients``.
 What the trace replaces is transport, never memory: in a fake process group (one process
 standing for rank 0 of N, ``_trace_dist``) the device mesh is built outside the fake mode and
 DDP's constructor skips its cross-rank checks; bitsandbytes, which has no CPU or fake kernels,
-is a stand-in with the same state (``_trace_child.Adam8bitStandIn``). ``sha256`` of the text
+is a stand-in with the same state (``_adam8bit.Adam8bitStandIn``). ``sha256`` of the text
 imported is in every answer, so a test can hold it against ``render_script``.
 """
 
@@ -111,7 +111,7 @@ class StopStep(Exception):
 def bitsandbytes_stand_in() -> types.ModuleType:
     """A ``bitsandbytes`` module whose ``optim.AdamW8bit`` is the trace's stand-in (same state,
     no kernels), for the script's ``build_optimizer`` to import."""
-    from launcher.estimate._trace_child import Adam8bitStandIn
+    from launcher.estimate._adam8bit import Adam8bitStandIn
 
     module = types.ModuleType("bitsandbytes")
     module.optim = types.SimpleNamespace(AdamW8bit=Adam8bitStandIn)  # type: ignore[attr-defined]

@@ -1,8 +1,8 @@
 """Distributed strategies in the trace child: one process stands for one rank of a real world.
 
-Imported only by ``launcher.estimate._trace_child`` (and the benchmark's real runs), so torch is
-allowed here; ``torch.distributed`` itself is imported inside the functions, because a plain
-single-device trace must not pay for DTensor's import.
+Imported only in the trace child (``_trace_step``, ``_measure``, ``_script``) and the
+benchmark's real runs, so torch is allowed here; ``torch.distributed`` itself is imported inside
+the functions, because a plain single-device trace must not pay for DTensor's import.
 
 ``setup_world(N)`` joins a *fake* process group of ``N`` ranks as rank 0
 (``torch.testing._internal.distributed.fake_pg``: every collective returns at once and moves no
@@ -326,40 +326,9 @@ def peak_without_backend(prof: Any) -> dict[str, int]:
             "late_frees": late, "unmatched_bytes": unmatched, "threads": len(per_thread)}
 
 
-def _rank_main() -> None:
-    """One rank of a real CPU world: ``measure`` (a real step under the CPU allocator's own
-    accounting) with the model wrapped by the strategy over a gloo process group.
-
-    Started once per rank, torchrun-style (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``,
-    ``MASTER_PORT`` in the environment), with ``measure``'s JSON request on stdin (including
-    ``strategy``); prints its JSON answer with ``rank`` added. The benchmark
-    (``bench/bench_estimate_dist.py``) and the tests compare these per-rank peaks with the trace.
-    """
-    import json
-    import os
-
-    import torch.distributed as dist
-
-    from launcher.estimate import _trace_child
-
-    protocol = os.fdopen(os.dup(1), "w")
-    os.dup2(2, 1)
-    sys.stdout = sys.stderr
-    request = json.loads(sys.stdin.read())
-    torch.set_num_threads(int(request.get("threads", 1)))
-    exact_cpu_accounting()
-    dist.init_process_group("gloo")
-    try:
-        answer = _trace_child.measure(request)
-        answer["rank"] = dist.get_rank()
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
-    protocol.write(json.dumps(answer))
-    protocol.flush()
-
-
 if __name__ == "__main__":
-    from launcher.estimate._trace_dist import _rank_main as main  # the module, not __main__
+    # One rank of a real gloo world (bench/bench_estimate_dist.py starts one per rank). It lives
+    # in _measure, which imports this module: run as __main__, this file is not that module.
+    from launcher.estimate._measure import rank_main
 
-    main()
+    rank_main()

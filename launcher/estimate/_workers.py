@@ -1,8 +1,9 @@
 """How the trace child runs the user's code: in worker processes, never in itself.
 
-The trace child (``_trace_child.main``) is started ahead of its requests and pays torch's import
-and the fake-tensor warm-up once (seconds). Each request then runs in a worker process: forked
-from the child while that is safe, otherwise a fresh interpreter. The child itself only waits.
+The trace child (``_trace_child.main``, serving ``_trace_protocol``) is started ahead of its
+requests and pays torch's import and the fake-tensor warm-up once (seconds). Each request then
+runs in a worker process: forked from the child while that is safe, otherwise a fresh
+interpreter. The child itself only waits.
 
 Why the child never runs user code: GNU OpenMP, the intra-op thread pool of PyTorch's CPU
 wheels, is not fork-safe. Once a process has run a parallel region (filling a tensor large

@@ -41,6 +41,7 @@ from launcher.estimate.overheads import PCIE5_GBYTES_PER_S, SAFETY_MARGIN, gpu_o
 from launcher.plan import reasons
 from launcher.plan.cost import Hardware, step_cost
 from launcher.plan.plan import Memory, Plan, checkpointing_key, checkpointing_mode
+from launcher.plan.reasons import Rejection
 from launcher.spec import Spec
 from launcher.status import ExitStatus, LaunchError, UsageError
 
@@ -78,12 +79,6 @@ class Target:
     #: The CUDA (major, minor) the job's image runs (``overheads.image_cuda``); None: one with
     #: lazy module loading (CUDA 11.7+), as every default image. Sizes the CUDA context.
     cuda: tuple[int, int] | None = None
-
-
-@dataclass(frozen=True)
-class Rejection:
-    option: str
-    reason: str
 
 
 @dataclass(frozen=True)
@@ -227,7 +222,7 @@ def _rank_reducing_every_micro_step(fp: Footprint, strategy: str, nodes: int, gp
     accumulation.
 
     Not traced as such: the trace child writes the script's plan values itself
-    (``_trace_child.script_plan``), without ``reduce_every_micro_step``, so a trace at
+    (``_trace_step.script_plan``), without ``reduce_every_micro_step``, so a trace at
     ``accum > 1`` would hold the whole unsharded gradient. But such a rank's first micro-step
     reduce-scatters as it goes, exactly as a step without accumulation does, and its optimizer
     phase is the same; every later micro-step is the first one plus the gradient shards of the

@@ -8,19 +8,23 @@ accumulation".
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 from launcher.estimate.overheads import SAFETY_MARGIN
 from launcher.plan.plan import Plan
 from launcher.units import format_bytes, format_count
 
-if TYPE_CHECKING:
-    from launcher.plan.planner import Rejection
+
+@dataclass(frozen=True)
+class Rejection:
+    """One option not chosen and why, as ``launch plan`` lists it (``PlanResult.rejected``).
+    Defined here, with the sentences that fill it; the planner imports it from here."""
+
+    option: str
+    reason: str
 
 
 def _rejection(option: str, reason: str) -> Rejection:
-    from launcher.plan.planner import Rejection
-
     return Rejection(option=option, reason=reason)
 
 

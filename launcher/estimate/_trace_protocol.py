@@ -1,0 +1,87 @@
+"""The trace child's line protocol: one JSON request per line on stdin, one JSON answer each.
+
+The parent (``launcher.estimate.traced``) starts the child ahead of its requests; a prestarted
+child first answers the CLI's recipe probe (``action: probe``, what ``python -m launcher.recipe``
+would answer), then the trace requests: one configuration, a ``batch`` of them (torch imported
+once), or one split in two parts traced at once (``fork_parts``). This module owns the real
+stdout and hands every request that runs the user's code to worker processes (``_workers``);
+what a worker does with it (``work``) is the entry point's (``_trace_child._work``), passed in.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from launcher.estimate import _workers
+
+#: What a worker does with one request: its answer.
+Work = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+def serve(work: Work, warm_up: Callable[[], None]) -> None:
+    """Answer requests from stdin until its end. The protocol owns the real stdout; anything the
+    user's code prints goes to stderr. ``warm_up`` runs first when ``LAUNCH_TRACE_WARM=1`` (the
+    child was started ahead of its request: the wait pays for the imports)."""
+    protocol = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    _workers.prepare()  # before any op: this process forks the workers
+    if os.environ.get("LAUNCH_TRACE_WARM") == "1":
+        warm_up()  # started ahead of its request: use the wait
+        _workers.mark_baseline()
+    # One JSON request per line, one answer line each, until end of input: a prestarted child
+    # first loads the recipe for the CLI (``probe``), then traces it. A child started ahead
+    # and never asked (the parent is gone, or did not need a trace) just reads the end.
+    for line in sys.stdin:
+        if line.strip():
+            protocol.write(json.dumps(handle(json.loads(line), work)) + "\n")
+            protocol.flush()
+
+
+def handle(request: dict[str, Any], work: Work) -> dict[str, Any]:
+    """One request of the line protocol. Everything that runs the user's code runs in workers;
+    this process only imports the packages the recipe names, to share them with its workers."""
+    try:
+        recipe_file = request.get("script") or request.get("recipe_file") or next(
+            (item.get("recipe_file") for item in request.get("batch", ())), None)
+        if recipe_file:
+            _workers.preimport(recipe_file)
+        if request.get("action") == "probe":
+            return _workers.run_all([request], work)[0]
+        if "batch" in request:
+            # Several configurations of one recipe from one process: torch is imported once.
+            common = {k: v for k, v in request.items() if k != "batch"}
+            return {"ok": True, "batch": [answer({**common, **item}, work)
+                                          for item in request["batch"]]}
+        return answer(request, work)
+    except BaseException as exc:  # noqa: BLE001 - a bug here must still answer in JSON
+        return {
+            "ok": False,
+            "error": {"message": f"{type(exc).__name__}: {exc}", "file": None, "line": None,
+                      "kind": "internal", "traceback": traceback.format_exc()},
+        }
+
+
+def answer(request: dict[str, Any], work: Work) -> dict[str, Any]:
+    """One configuration, in workers (``_workers``): its "step" and "micro" parts in two at once
+    when the parent asked for the split, else all of it in one."""
+    if request.get("fork_parts"):
+        parts = [{**request, "parts": [part], "fork_parts": False} for part in ("step", "micro")]
+        return {"ok": True, "split": _workers.run_all(parts, work)}
+    return _workers.run_all([request], work)[0]
+
+
+def answer_probe(request: dict[str, Any]) -> dict[str, Any]:
+    """``launcher.recipe``'s probe, as its own child would run it (in the script's folder); run
+    in a worker, since it imports the user's script."""
+    from launcher import recipe as loader
+
+    script = Path(request["script"])
+    os.chdir(script.parent)
+    return loader.probe_answer(script, count_flops=request.get("count_flops", True))
