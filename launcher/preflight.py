@@ -10,6 +10,7 @@ import functools
 import importlib.util
 import os
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -28,6 +29,11 @@ from launcher.status import UsageError
 
 #: Seconds a trace may take before the plan falls back to model states (LAUNCH_TRACE_TIMEOUT).
 DEFAULT_TRACE_TIMEOUT_S = 120.0
+#: All the rank traces of one preflight together (``LAUNCH_RANK_TRACE_BUDGET``, seconds). A rank
+#: trace only sharpens a sharded plan near capacity (the scaled figure stands without it), and a
+#: catalog search can ask for a dozen (strategies x world sizes x resharding x checkpointing),
+#: each a child of its own: a 7B config spent over 15 minutes in them before this bound.
+DEFAULT_RANK_TRACE_BUDGET_S = 90.0
 
 
 def describe(spec: Spec, info: ScriptInfo) -> tuple[ModelShape | None, str]:
@@ -70,7 +76,21 @@ def _trace_options(spec: Spec, environ: dict[str, str]) -> dict[str, Any]:
         seed=spec.seed, scale_depth=environ.get("LAUNCH_TRACE_DEPTH") != "full")
 
 
-def _rank_traces(recipe: Path, trace_options: dict[str, Any]
+class _Budget:
+    """Seconds left for the rank traces of one preflight, shared by all its footprints."""
+
+    def __init__(self, seconds: float):
+        self.left = seconds
+        self.skipped = 0
+
+    def note(self) -> str | None:
+        if not self.skipped:
+            return None
+        return (f"{self.skipped} sharded plan(s) near capacity keep the scaled estimate: the "
+                f"rank traces used their time (LAUNCH_RANK_TRACE_BUDGET)")
+
+
+def _rank_traces(recipe: Path, trace_options: dict[str, Any], budget: _Budget | None = None
                  ) -> Callable[[str, int, int, int, int], Memory | None]:
     """``Footprint.rank_memory_at`` for a traceable recipe: one rank of a sharded strategy traced
     at its world size (a fake process group; the rendered script's own wrapping), once per
@@ -86,13 +106,23 @@ def _rank_traces(recipe: Path, trace_options: dict[str, Any]
         replicas = nodes if strategy == "hybrid_shard" else 1  # a shard group per node
         key = (strategy, world, replicas, accum > 1, reshard_after_forward)
         if key not in traces:
+            timeout = trace_options["timeout_s"]
+            if budget is not None:
+                if budget.left < 5.0:  # not worth a child: the scaled figure stands
+                    budget.skipped += 1
+                    return None
+                timeout = min(timeout, budget.left)
+            started = time.monotonic()
             try:
                 traces[key] = trace_recipe(
-                    recipe, **{**trace_options, "grad_accum_steps": 2 if accum > 1 else 1},
+                    recipe, **{**trace_options, "grad_accum_steps": 2 if accum > 1 else 1,
+                               "timeout_s": timeout},
                     strategy={"name": strategy, "world_size": world, "replicas": replicas,
                               "reshard_after_forward": reshard_after_forward})
             except TraceError:  # TraceTimeout included
                 traces[key] = None
+            if budget is not None:
+                budget.left -= time.monotonic() - started
         trace = traces[key]
         return None if trace is None else trace.memory_at(micro, accum)
 
@@ -100,8 +130,8 @@ def _rank_traces(recipe: Path, trace_options: dict[str, Any]
 
 
 def _traced(spec: Spec, info: ScriptInfo, precision: str, optimizer: str,
-            variants: tuple[bool, ...], device: str, environ: dict[str, str]
-            ) -> dict[bool, Footprint | UsageError]:
+            variants: tuple[bool, ...], device: str, environ: dict[str, str],
+            budget: _Budget | None = None) -> dict[bool, Footprint | UsageError]:
     """The recipe's own training step traced on fake tensors (see estimate/traced.py), with and
     without activation checkpointing (``variants``) in one child: torch is imported once, and
     the planner nearly always asks for both.
@@ -152,13 +182,14 @@ def _traced(spec: Spec, info: ScriptInfo, precision: str, optimizer: str,
             flops_per_sample=flops, note=note, phases_at=trace.phase_memories_at,
             rank_memory_at=_rank_traces(spec.script, {
                 **options, "precision": precision, "optimizer": optimizer if pinned else None,
-                "activation_checkpointing": checkpointing, "device": device}))
+                "activation_checkpointing": checkpointing, "device": device}, budget))
     return out
 
 
 def _hf_traced(spec: Spec, shape: ModelShape, precision: str, optimizer: str,
                checkpointing: bool, device: str, environ: dict[str, str],
-               state_dir: Path | None, failed: dict[str, str]) -> Footprint:
+               state_dir: Path | None, failed: dict[str, str],
+               budget: _Budget | None = None) -> Footprint:
     """A ``--model-config`` built by transformers and traced (see estimate/hf_recipe.py).
 
     The recipe is written under the state dir; the analytic shape keeps the FSDP unit and the
@@ -176,7 +207,8 @@ def _hf_traced(spec: Spec, shape: ModelShape, precision: str, optimizer: str,
         try:
             folder = (state_dir / "hf_recipes" if state_dir is not None
                       else Path(tempfile.mkdtemp(prefix="launch-hf-")))
-            recipe = write_recipe(spec.model_config, shape.seq_len, folder)  # type: ignore
+            recipe = write_recipe(spec.model_config, shape.seq_len, folder,  # type: ignore
+                                  attention=spec.attention)
             trace = trace_recipe(
                 recipe, precision=precision, optimizer=optimizer,
                 activation_checkpointing=checkpointing, device=device,  # type: ignore[arg-type]
@@ -194,7 +226,8 @@ def _hf_traced(spec: Spec, shape: ModelShape, precision: str, optimizer: str,
                            phases_at=trace.phase_memories_at,
                            rank_memory_at=_rank_traces(recipe, {
                                **options, "precision": precision, "optimizer": optimizer,
-                               "activation_checkpointing": checkpointing, "device": device}))
+                               "activation_checkpointing": checkpointing, "device": device},
+                               budget))
     note = f"{failed['note']}: the estimate is analytic"
     return replace(analytic, note="; ".join(n for n in (note, analytic.note) if n))
 
@@ -217,12 +250,20 @@ def preflight(spec: Spec, info: ScriptInfo, state_dir: Path | None = None,
 
     traced: dict[tuple[str, str], dict[bool, Footprint | UsageError]] = {}
     can_checkpoint = shape is not None or "wrap_modules" in info.hooks
+    pinned = _pinned_checkpointing(spec)
+    if pinned not in (None, "none") and not can_checkpoint:
+        raise UsageError(
+            f"{spec.script.name} defines no wrap_modules(), so its blocks cannot be "
+            f"checkpointed ({pinned} checkpointing was asked for)",
+            "add wrap_modules() returning the block classes, or drop the checkpointing pin")
+    budget = _Budget(float(environ.get("LAUNCH_RANK_TRACE_BUDGET",
+                                       DEFAULT_RANK_TRACE_BUDGET_S)))
 
     @functools.cache
     def estimator(precision: str, optimizer: str, checkpointing: bool) -> Footprint:
         if shape is not None and hf_trace:
             return _hf_traced(spec, shape, precision, optimizer, checkpointing, device, environ,
-                              state_dir, hf_failed)
+                              state_dir, hf_failed, budget)
         if shape is not None:
             return from_shape(shape, precision=precision, optimizer=optimizer,
                               checkpointing=checkpointing, kind=source)
@@ -232,12 +273,13 @@ def preflight(spec: Spec, info: ScriptInfo, state_dir: Path | None = None,
                 # without and with full checkpointing in one child (the planner nearly always
                 # asks for both), selective with them when asked first, else in a child of its
                 # own (its FLOPs are the plain variant's: cost.py adds the recomputation)
+                # (a pinned mode is the only one the planner asks for: nothing else is traced)
                 variants = tuple(dict.fromkeys(
-                    ((False, True) if can_checkpoint and key not in traced else ())
-                    + (checkpointing,)))
+                    ((False, True) if can_checkpoint and pinned is None and key not in traced
+                     else ()) + (checkpointing,)))
                 done = traced.setdefault(key, {})
                 for v, fp in _traced(spec, info, precision, optimizer, variants, device,
-                                     environ).items():
+                                     environ, budget).items():
                     plain = done.get(False)
                     if (isinstance(fp, Footprint) and fp.flops_per_sample is None
                             and isinstance(plain, Footprint)):
@@ -251,5 +293,20 @@ def preflight(spec: Spec, info: ScriptInfo, state_dir: Path | None = None,
 
     targets = calibrated(targets, state_dir, model_key(spec.script))
     parameters = shape.parameters if shape is not None else info.parameters
-    return plan(spec, estimator, targets, spec.provider, parameters=parameters, source=source,
-                can_checkpoint=can_checkpoint)
+    result = plan(spec, estimator, targets, spec.provider, parameters=parameters, source=source,
+                  can_checkpoint=can_checkpoint)
+    if budget.note() is not None:
+        result.notes.append(budget.note())  # type: ignore[arg-type]
+    return result
+
+
+def _pinned_checkpointing(spec: Spec) -> str | None:
+    """The checkpointing mode the user pinned (``--checkpointing`` or the older on/off flag),
+    None when the planner chooses."""
+    from launcher.plan.plan import checkpointing_mode
+
+    if spec.checkpointing is not None:
+        return checkpointing_mode(spec.checkpointing)
+    if spec.activation_checkpointing is not None:
+        return checkpointing_mode(spec.activation_checkpointing)
+    return None

@@ -36,3 +36,54 @@ def test_a_recipe_that_cannot_be_traced_leaves_the_scaled_estimate(tmp_path: Pat
     recipe.write_text("def build_model(): raise ValueError('no')\n"
                       "def example_batch(b): ...\ndef training_step(m, b): ...\n")
     assert _rank_traces(recipe, dict(OPTIONS))("fsdp", 1, 2, 2, 1) is None
+
+
+def test_rank_traces_share_one_budget_and_say_what_they_skipped(tmp_path: Path) -> None:
+    """A catalog search can ask for a dozen rank traces; together they get one budget, after
+    which the scaled estimate stands and the plan says so (a 7B preflight once ran 15 minutes)."""
+    from launcher.preflight import _Budget
+
+    recipe = tmp_path / "gpt.py"
+    recipe.write_text(textwrap.dedent(GPT))
+    spent = _Budget(0.0)
+    assert _rank_traces(recipe, dict(OPTIONS), spent)("fsdp", 1, 2, 2, 1) is None
+    assert spent.skipped == 1 and "LAUNCH_RANK_TRACE_BUDGET" in (spent.note() or "")
+    budget = _Budget(1000.0)
+    rank_memory_at = _rank_traces(recipe, dict(OPTIONS), budget)
+    assert rank_memory_at("fsdp", 1, 2, 2, 1) is not None
+    left = budget.left
+    assert left < 1000.0 and budget.note() is None
+    rank_memory_at("fsdp", 1, 2, 4, 1)  # the same trace answers another micro-batch
+    assert budget.left == left
+
+
+NO_WRAP = """
+import torch
+
+LAUNCH = {"global_batch_size": 4, "steps": 2, "lr": 0.01}
+
+
+def build_model():
+    return torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 1))
+
+
+def example_batch(batch_size):
+    return torch.randn(batch_size, 8)
+
+
+def training_step(model, batch):
+    return model(batch).pow(2).mean()
+"""
+
+
+def test_a_pinned_checkpointing_the_recipe_cannot_apply_is_refused_before_any_job(
+        cli, write_script) -> None:
+    """Without wrap_modules() there are no blocks to checkpoint: refused at the plan (exit 2,
+    one line), not by the rendered script once a machine is paid for."""
+    script = write_script(NO_WRAP)
+    for pin in (("--checkpointing", "selective"), ("--checkpointing", "full"),
+                ("--activation-checkpointing",)):
+        result = cli("plan", str(script), *pin, "--json")
+        assert result.status == 2, result.stdout
+        assert "wrap_modules()" in result.stderr and "Traceback" not in result.stderr
+    assert cli("plan", str(script), "--checkpointing", "none", "--json").status == 0

@@ -73,7 +73,8 @@ import torch
 
 _SETTINGS = json.loads(Path(__file__).with_name("recipe.json").read_text(encoding="utf-8"))
 SEQ_LEN = int(_SETTINGS["seq_len"])
-ATTN_IMPLEMENTATION = "sdpa"
+# "sdpa" unless the plan says the model runs eager attention (launch's --attention math)
+ATTN_IMPLEMENTATION = _SETTINGS.get("attn_implementation", "sdpa")
 _built = []  # a weak reference to the last model build_model() made, for wrap_modules()
 
 
@@ -273,8 +274,12 @@ def transformers_available() -> bool:
 
 
 def write_recipe(config_path: str | os.PathLike[str], seq_len: int,
-                 directory: str | os.PathLike[str]) -> Path:
+                 directory: str | os.PathLike[str], attention: str | None = None) -> Path:
     """Write the recipe for ``config_path`` at ``seq_len`` tokens; return the recipe's path.
+
+    ``attention`` is launch's ``--attention``: ``math`` builds the model with transformers'
+    eager attention (explicit scores, softmax and dropout, kept for the backward), ``flash`` and
+    ``efficient`` (and None) with SDPA, whose kernel the trace picks as CUDA would for the dtype.
 
     Files go to ``directory/<hash>/`` (``recipe.py`` and ``recipe.json``), the hash of both
     texts: the same config and length reuse one folder, and an older launch's recipe is never
@@ -288,6 +293,8 @@ def write_recipe(config_path: str | os.PathLike[str], seq_len: int,
     if isinstance(seq_len, bool) or int(seq_len) < 1:
         raise ValueError(f"seq_len must be >= 1, got {seq_len}")
     settings: dict[str, Any] = {"config": config, "seq_len": int(seq_len)}
+    if attention == "math":
+        settings["attn_implementation"] = "eager"
     sidecar = json.dumps(settings, indent=1, sort_keys=True) + "\n"
     digest = hashlib.sha256(f"{RECIPE_SOURCE}\0{sidecar}".encode()).hexdigest()[:16]
     folder = Path(directory) / digest

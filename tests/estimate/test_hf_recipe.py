@@ -282,3 +282,25 @@ def test_analytic_without_tracing_or_transformers(tmp_path, monkeypatch, environ
     result = preflight_module.preflight(spec, info, tmp_path / "state", environ)
     assert not called and result.source == "config"
     assert result.chosen is not None and result.chosen.memory.activations is not None
+
+
+def test_attention_math_traces_transformers_eager_attention(tmp_path):
+    """``--attention math`` on a traced config builds the model with eager attention, which keeps
+    each head's s x s probabilities for the backward; the default (SDPA, emulated as CUDA runs
+    it) keeps O(s) statistics. Before, the flag changed only the analytic estimate."""
+    pytest.importorskip("transformers")
+    from launcher.estimate.traced import trace_recipe
+
+    config = _write(tmp_path / "bert", TINY_BERT)
+    default = write_recipe(config, 2 * SEQ_LEN, tmp_path / "recipes")
+    math = write_recipe(config, 2 * SEQ_LEN, tmp_path / "recipes", attention="math")
+    assert default.parent != math.parent
+    assert json.loads((math.parent / SIDECAR_NAME).read_text())["attn_implementation"] == "eager"
+    assert write_recipe(config, 2 * SEQ_LEN, tmp_path / "recipes", attention="flash") == default
+    options = dict(micro_batch_sizes=(2, 4), precision="fp32", optimizer="adamw",
+                   activation_checkpointing=False, device="cuda", timeout_s=300)
+    sdpa = trace_recipe(default, **options).memory_at(4).activations
+    eager = trace_recipe(math, **options).memory_at(4).activations
+    heads, layers, s = TINY_BERT["num_attention_heads"], TINY_BERT["num_hidden_layers"], 2 * SEQ_LEN
+    # at least the fp32 probabilities of every head and layer for 4 samples
+    assert eager - sdpa >= 4 * layers * heads * s * s * 4, (eager, sdpa)
