@@ -11,16 +11,26 @@ Transformer Models", section 4.1: per layer and sample, with 16-bit activations,
                                       2 s h + 8 s I: gate, up, activation and product outputs)
     norms      4 s h
 
-plus the logits, often the largest tensor: s V bytes of 16-bit logits, and the loss's fp32 copy
-and its gradient (8 s V). Activation checkpointing of each layer (what the templates apply to the
-``wrap_modules()`` blocks) keeps each layer's 2 s h input and recomputes one layer at a time.
+plus the logits and the loss, often the largest tensors: 12 s V bytes (``LOSS_BYTES_PER_LOGIT``:
+at the loss's backward, the fp32 log-softmax output it saved, its gradient and the gradient of
+its input, whatever the logits' dtype).
+
+Two terms depend on the precision beyond the element size. Under autocast (``bf16_mixed``), eager
+attention keeps fp32 probabilities (softmax is on autocast's fp32 list), so the s x s terms are
+7 B per score there (``score_bytes``); the dropout mask is one byte in every precision. And
+autocast caches a 16-bit copy of every matmul weight it casts until the forward's autocast
+region exits, and the matmuls save those copies for the backward (``autocast_copy_bytes``:
+2 B per matmul weight, per step, not per sample).
+
+Activation checkpointing of each layer (what the templates apply to the ``wrap_modules()``
+blocks) keeps each layer's 2 s h input and recomputes one layer at a time.
 Selective checkpointing is the templates' op-level policy (torchtitan's, not Korthikanti's: the
 paper's selective recomputation keeps the 34 s h and drops the 5 a s^2, which flash attention
 already drops, so with SDPA it would save nothing): each layer keeps its input, its attention
 output (2 s h) and the output of every other matmul in the order the layer runs them
 (``_selective_layer``), and recomputes the rest, one layer at a time.
-fp32 activations double every term. ``--params`` alone gives exact model states and says that
-activations are unknown.
+fp32 activations double every term but the scores' dropout mask (``score_bytes``). ``--params``
+alone gives exact model states and says that activations are unknown.
 
 Encoder-decoder models (T5, mT5, BART, mBART, Whisper) have an encoder stack in front of the
 decoder stack that makes the logits (``encoder_layers`` in front of ``layers``). The decoder is
@@ -62,6 +72,15 @@ CONFIG_ATTENTION = {"eager": "math", "flash_attention_2": "flash", "flash_attent
 #: model_type values whose attention projects queries, keys and values in one matmul (and, for
 #: phi3, whose MLP projects gate and up in one): selective checkpointing keeps every other
 #: matmul output, so the grouping decides which are kept.
+#: Bytes per logit at the loss's backward (the step's activation peak): cross-entropy saves its
+#: fp32 log-softmax output (4 B; the logits are cast to fp32 first when 16-bit, a copy freed
+#: after the log-softmax since its backward needs only the output), and the backward makes the
+#: gradient of that output (nll_loss's backward, a dense fp32 tensor, 4 B) and, from both, the
+#: gradient of the log-softmax's input (fp32, 4 B) before either is freed: 12 B. The forward's
+#: moment at the loss holds less (16-bit logits 2 + fp32 copy 4 + log-softmax output 4 = 10;
+#: fp32: 8). The 16-bit logits themselves are gone by the backward: the training step returns
+#: the loss, not the model's output (torchtitan deletes ``pred``; a Trainer drops ``outputs``).
+LOSS_BYTES_PER_LOGIT = 12
 FUSED_QKV = ("gpt2", "gpt_neox", "phi3")
 FUSED_GATE_UP = ("phi3",)
 
@@ -98,6 +117,9 @@ class ModelShape:
     #: on an Ampere or newer GPU for every precision (flash for 16-bit, memory-efficient for
     #: fp32; launcher/estimate/_sdpa_cuda.py has the rules).
     attention: str | None = None
+    #: The output layer is the token embedding's matrix (``tie_word_embeddings``): autocast casts
+    #: that matrix for the logits' matmul although the lookup never is.
+    tied_output: bool = False
 
     @property
     def fused_attention(self) -> bool:
@@ -138,8 +160,46 @@ class ModelShape:
         attention_outputs = t * h * (2 if cross else 1)
         return t * h + attention_outputs + sum(outputs[::2])
 
+    def score_bytes(self, element_bytes: int = 2, autocast: bool = False) -> int:
+        """Bytes eager ("math") attention keeps per attention score (the 5 a s^2 term).
+
+        Korthikanti's 5 B in 16-bit: the softmax output (saved by its backward), the dropout
+        mask (1 B: ``native_dropout``'s bool mask, in every precision) and the dropout output
+        (saved by the matmul with the values). Under CUDA autocast softmax is on the fp32 list:
+        the probabilities it saves are fp32 (4 B; BERT's fp32 additive mask already makes the
+        scores fp32), dropout runs on them, and the matmul with the values saves the 16-bit
+        copy autocast casts of its output (2 B): 4 + 1 + 2 = 7 B. Without autocast each of the
+        two tensors is ``element_bytes``: 5 B in 16-bit, 9 B in fp32."""
+        probabilities = 4 if autocast else element_bytes
+        return probabilities + 1 + element_bytes
+
+    def autocast_copy_bytes(self) -> int | None:
+        """autocast's 16-bit copies of the matmul weights, alive from the forward to the backward
+        (bytes per step, not per sample; None where the shape is unknown).
+
+        CUDA autocast casts an fp32 leaf that requires grad (a weight) once per autocast region
+        and caches the copy until the outermost region exits (``cached_cast``, aten/src/ATen/
+        autocast_mode.cpp), which is after the loss; the matmuls save the copies for their
+        backward, so without checkpointing they stay until each layer's backward, and with it
+        they are alive at the end of the forward with the kept layer inputs (counted in both
+        cases: with checkpointing an upper side by at most one layer's recomputation). Every
+        weight outside the embeddings (a lookup, never cast) is counted; a tied output layer
+        casts the embedding matrix. Norm weights (fp32 ops, not cast) are counted too: fewer
+        than 0.1% of the weights. Only single-device and DDP plans hold these: FSDP's mixed
+        precision gathers bf16 weights, which autocast does not cast (the planner removes them)."""
+        if not self.knows_activations:
+            return None
+        # parameters - embeddings: the layers, the head's own weights (an untied output layer)
+        matmul = self.parameters - (self.embedding_parameters or 0)
+        if self.tied_output:
+            matmul += (self.vocab or 0) * (self.hidden or 0)
+        return 2 * matmul
+
     def activation_bytes_per_sample(self, *, element_bytes: int = 2, flash: bool | None = None,
-                                    checkpointing: bool | str = False) -> int | None:
+                                    checkpointing: bool | str = False,
+                                    autocast: bool = False) -> int | None:
+        """Activations alive at the step's peak, per sample (``autocast``: 16-bit compute from
+        fp32 weights, the ``bf16_mixed`` precision: see ``score_bytes``)."""
         if not self.knows_activations:
             return None
         s, h, a, i, v, n = (self.seq_len, self.hidden, self.heads, self.intermediate, self.vocab,
@@ -148,22 +208,26 @@ class ModelShape:
         if flash is None:
             flash = self.fused_attention
         scale = element_bytes / 2  # the formulas are for 16-bit activations
+        # the s x s terms in bytes, not scaled: see score_bytes
+        score = 0 if flash else self.score_bytes(element_bytes, autocast)
 
         def layer_at(t: int, cross: int = 0) -> float:
             """One layer at length ``t``; ``cross``: attending to an encoder of that length."""
-            attention = 11 * t * h + (0 if flash else 5 * a * t * t)
+            attention = 11 * t * h
             # MoE: each token goes through experts_per_token experts' MLPs.
             mlp = (2 * t * h + 8 * t * i if self.gated_mlp else 3 * t * h + 4 * t * i)
             mlp *= self.experts_per_token
             norms = 4 * t * h
+            scores = a * t * t
             if cross:
-                attention += 5 * t * h + 4 * cross * h + (0 if flash else 5 * a * t * cross)
+                attention += 5 * t * h + 4 * cross * h
                 norms += 2 * t * h
-            return (attention + mlp + norms) * scale
+                scores += a * t * cross
+            return (attention + mlp + norms) * scale + score * scores
 
         e, ne = self.encoder_seq_len or s, self.encoder_layers
         layer = layer_at(s, cross=e if ne else 0)
-        logits = s * v * (element_bytes + 8)
+        logits = s * v * LOSS_BYTES_PER_LOGIT
         edges = 4 * s * h * scale  # embedding output and the final norm
         kept = n * 2 * s * h * scale  # checkpointing: each layer's input
         if ne:
@@ -311,7 +375,8 @@ def _shape_from_config(config: dict[str, Any], *, seq_len: int | None = None) ->
         return ModelShape(parameters=total, model_type=kind, layers=n, hidden=h, heads=a,
                           kv_heads=kv, intermediate=i, vocab=v, seq_len=s, gated_mlp=True,
                           experts=experts, experts_per_token=top_k if experts > 1 else 1,
-                          layer_parameters=layer, embedding_parameters=embed)
+                          layer_parameters=layer, embedding_parameters=embed,
+                          tied_output=tied)
     if kind == "gpt2":
         i = _get(config, "n_inner", default=4 * h)
         layer = 2 * h + (h * 3 * h + 3 * h) + (h * h + h) + 2 * h + (h * i + i) + (i * h + h)
@@ -319,7 +384,7 @@ def _shape_from_config(config: dict[str, Any], *, seq_len: int | None = None) ->
         total = embed + n * layer + 2 * h
         return ModelShape(parameters=total, model_type=kind, layers=n, hidden=h, heads=a,
                           kv_heads=a, intermediate=i, vocab=v, seq_len=s, gated_mlp=False,
-                          layer_parameters=layer, embedding_parameters=embed)
+                          layer_parameters=layer, embedding_parameters=embed, tied_output=tied)
     if kind == "gpt_neox":
         i = _get(config, "intermediate_size", default=4 * h)
         layer = 4 * h + (h * 3 * h + 3 * h) + (h * h + h) + (h * i + i) + (i * h + h)
@@ -327,7 +392,7 @@ def _shape_from_config(config: dict[str, Any], *, seq_len: int | None = None) ->
         total = embed + n * layer + 2 * h + (0 if tied else v * h)
         return ModelShape(parameters=total, model_type=kind, layers=n, hidden=h, heads=a,
                           kv_heads=a, intermediate=i, vocab=v, seq_len=s, gated_mlp=False,
-                          layer_parameters=layer, embedding_parameters=embed)
+                          layer_parameters=layer, embedding_parameters=embed, tied_output=tied)
     # bert / roberta encoders (the base model with its pooler, as BertModel builds it).
     i = _get(config, "intermediate_size", default=4 * h)
     types = _get(config, "type_vocab_size", default=2)
@@ -336,7 +401,7 @@ def _shape_from_config(config: dict[str, Any], *, seq_len: int | None = None) ->
     total = embed + n * layer + (h * h + h)
     return ModelShape(parameters=total, model_type=kind, layers=n, hidden=h, heads=a, kv_heads=a,
                       intermediate=i, vocab=v, seq_len=s, gated_mlp=False,
-                      layer_parameters=layer, embedding_parameters=embed)
+                      layer_parameters=layer, embedding_parameters=embed, tied_output=tied)
 
 
 def _encoder_decoder_shape(config: dict[str, Any], kind: str, *, seq_len: int | None
@@ -408,7 +473,7 @@ def _encoder_decoder_shape(config: dict[str, Any], kind: str, *, seq_len: int | 
                       kv_heads=a, intermediate=i, vocab=v, seq_len=seq_len or positions,
                       gated_mlp=gated, layer_parameters=largest, embedding_parameters=embed,
                       encoder_layers=ne, encoder_seq_len=encoder_len,
-                      encoder_parameters=encoder, audio_channels=audio)
+                      encoder_parameters=encoder, audio_channels=audio, tied_output=tied)
 
 
 def load_config(path: Path, *, seq_len: int | None = None, attention: str | None = None

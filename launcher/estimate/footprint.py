@@ -56,15 +56,19 @@ def from_shape(shape: ModelShape, *, precision: str, optimizer: str, checkpointi
     """The analytic footprint: exact model states, formula activations (None if unknown)."""
     states = model_states(shape.parameters, precision, optimizer)
     element = 4 if precision == "fp32" else 2
+    autocast = precision == "bf16_mixed"  # the templates' bf16_mixed: autocast, fp32 weights
     per_sample = shape.activation_bytes_per_sample(element_bytes=element, flash=flash,
-                                                   checkpointing=checkpointing)
+                                                   checkpointing=checkpointing, autocast=autocast)
+    # autocast's 16-bit weight copies: once per step, whatever the micro-batch (the planner
+    # takes them out of sharded plans, whose FSDP gathers bf16 weights autocast does not cast)
+    copies = (shape.autocast_copy_bytes() or 0) if autocast else 0
     temporary = foreach_temporary(shape.parameters, optimizer, precision)
 
     def memory_at(micro_batch: int, accum: int = 1) -> Memory:
         # ``accum`` does not change this model: it counts the gradients with the activations'
         # peak in every plan (an upper bound without accumulation, whose forward pass holds no
         # gradient; the traced estimate tells the two apart).
-        activations = None if per_sample is None else per_sample * micro_batch
+        activations = None if per_sample is None else per_sample * micro_batch + copies
         peak = None
         if activations is not None and states.optimizer is not None:
             # Activations are gone by the optimizer step, where the foreach temporaries appear.

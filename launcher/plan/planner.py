@@ -293,6 +293,11 @@ def _scaled_gpu_memory(fp: Footprint, target: Target, strategy: str, nodes: int,
                 activations, temporary = worst.activations, worst.temporary
                 peak = worst.peak_allocated
         else:
+            if fp.precision == "bf16_mixed" and activations is not None:
+                # an analytic footprint's activations hold autocast's bf16 weight copies (a
+                # constant in the micro-batch, as _autocast_weight_cache reads them off a trace),
+                # which a sharded rank does not: its gathered weights (``gather``) are bf16
+                activations -= _analytic_weight_cache(fp, accum)
             parts = (params, grads, opt, activations, temporary, gather)
             peak = None if any(p is None for p in parts) else (
                 params + grads + opt + max(activations + gather + held, temporary))  # type: ignore
@@ -353,6 +358,15 @@ def _autocast_weight_cache(fp: Footprint, accum: int) -> dict[str, int]:
         if m.activations is not None and other is not None and other.activations is not None:
             out[phase] = min(most, max(0, 2 * m.activations - other.activations))
     return out
+
+
+def _analytic_weight_cache(fp: Footprint, accum: int) -> int:
+    """An analytic footprint's activations at zero micro-batch, ``2 a(1) - a(2)``: autocast's
+    bf16 copies of the weights (``ModelShape.autocast_copy_bytes``), at most 2 B per weight."""
+    one, two = fp.memory_at(1, accum).activations, fp.memory_at(2, accum).activations
+    if one is None or two is None:
+        return 0
+    return min(2 * fp.parameters, max(0, 2 * one - two))
 
 
 def _sharded_phases(phases: dict[str, Memory], div: Callable[[int | None], int | None],

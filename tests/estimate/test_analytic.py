@@ -46,7 +46,7 @@ def test_korthikanti_formula_at_gpt3_shape():
     # GPT-3 175B-like layer without flash attention: s h (34 + 5 a s / h) per layer (16-bit).
     s, h, a = 2048, 12288, 96
     shape = shape_from_params(175_000_000_000, layers=1, hidden=h, heads=a, vocab=1, seq_len=s)
-    per_layer = shape.activation_bytes_per_sample(flash=False) - s * 1 * 10 - 4 * s * h
+    per_layer = shape.activation_bytes_per_sample(flash=False) - s * 1 * 12 - 4 * s * h
     assert per_layer == s * h * 34 + 5 * a * s * s
 
 
@@ -197,8 +197,9 @@ def test_encoder_decoder_flops():
 
 def test_attention_kind_math_adds_the_quadratic_term():
     """``--attention math`` (or a config whose ``attn_implementation`` is eager) keeps the
-    scores, probabilities and dropout mask: 5 a s^2 bytes a layer at 16 bits, 10 at fp32;
-    flash and efficient keep O(s) statistics, and so does SDPA's choice (the default)."""
+    probabilities, dropout mask (1 B) and dropout output: 5 a s^2 bytes a layer at 16 bits, 9
+    at fp32; flash and efficient keep O(s) statistics, and so does SDPA's choice (the
+    default)."""
     s, h, a, n = 1024, 1600, 25, 48  # GPT-2 XL
     xl = {**GPT2, "n_embd": h, "n_layer": n, "n_head": a, "n_positions": s}
     default = shape_from_config(xl)
@@ -207,16 +208,16 @@ def test_attention_kind_math_adds_the_quadratic_term():
     for kind in ("flash", "efficient"):
         assert (shape_from_config(xl, attention=kind).activation_bytes_per_sample()
                 == default.activation_bytes_per_sample())
-    for element in (2, 4):
+    for element, per_score in ((2, 5), (4, 9)):
         assert (math.activation_bytes_per_sample(element_bytes=element)
                 - default.activation_bytes_per_sample(element_bytes=element)
-                == n * 5 * a * s * s * element // 2)
+                == n * per_score * a * s * s)
     # checkpointing recomputes one layer at a time: one layer's scores
     assert (math.activation_bytes_per_sample(checkpointing=True)
             - default.activation_bytes_per_sample(checkpointing=True) == 5 * a * s * s)
     # per layer and sample, 16-bit: s h (34 + 5 a s / h) with math, 34 s h fused
     one = {**xl, "n_layer": 1, "vocab_size": 1}
-    edges = s * 10 + 4 * s * h  # logits of a 1-token vocabulary, embedding output, final norm
+    edges = s * 12 + 4 * s * h  # logits of a 1-token vocabulary, embedding output, final norm
     assert (shape_from_config(one, attention="math").activation_bytes_per_sample() - edges
             == s * h * (34 + 5 * a * s // h))
     assert shape_from_config(one).activation_bytes_per_sample() - edges == 34 * s * h
@@ -243,3 +244,121 @@ def test_attention_flag_is_a_checked_choice(tmp_path):
     assert spec.attention == "math"
     with pytest.raises(UsageError, match="unknown attention"):
         build_spec({"params": 7_000_000_000, "attention": "sliding"}, info)
+
+
+def test_autocast_keeps_fp32_probabilities_in_eager_attention():
+    """Under autocast (bf16_mixed) softmax runs in fp32: eager attention keeps fp32
+    probabilities (4 B), the 1-byte dropout mask and the 16-bit copy the matmul with the values
+    casts and saves (2 B): 7 B per score, 2 more than Korthikanti's 16-bit 5. Fused kernels keep
+    no scores, so autocast changes nothing there."""
+    s, h, a, n = 1024, 1600, 25, 48
+    xl = {**GPT2, "n_embd": h, "n_layer": n, "n_head": a, "n_positions": s}
+    math = shape_from_config(xl, attention="math")
+    assert math.score_bytes(2, autocast=True) == 7 and math.score_bytes(2) == 5
+    assert math.score_bytes(4) == 9
+    assert (math.activation_bytes_per_sample(autocast=True)
+            - math.activation_bytes_per_sample() == n * 2 * a * s * s)
+    fused = shape_from_config(xl)
+    assert (fused.activation_bytes_per_sample(autocast=True)
+            == fused.activation_bytes_per_sample())
+
+
+def test_loss_keeps_12_bytes_per_logit_in_any_precision():
+    """At the loss's backward: the fp32 log-softmax output, its gradient and its input's
+    gradient, 4 B each, whatever the logits' dtype."""
+    s, v = 512, 50_000
+    shape = shape_from_config({**LLAMA2_7B, "vocab_size": v}, seq_len=s)
+    no_vocab = replace(shape, vocab=0)
+    for element in (2, 4):
+        assert (shape.activation_bytes_per_sample(element_bytes=element)
+                - no_vocab.activation_bytes_per_sample(element_bytes=element) == 12 * s * v)
+
+
+def test_autocast_weight_copies_are_per_step_and_left_out_of_sharded_plans():
+    """bf16_mixed (autocast over fp32 weights) keeps a 2-byte copy of every matmul weight from
+    the forward to the backward: every weight but the embedding lookup's, plus the embedding
+    matrix again when the output layer is tied to it. Per step, not per sample; FSDP's bf16
+    gathered weights are not cast, so a sharded plan has none."""
+    from launcher.estimate.footprint import from_shape
+    from launcher.plan.planner import Target, per_gpu_memory
+
+    llama = shape_from_config(LLAMA2_7B, seq_len=256)
+    assert not llama.tied_output
+    assert llama.autocast_copy_bytes() == 2 * (llama.parameters - 32000 * 4096)
+    bert = shape_from_config({"model_type": "bert", "hidden_size": 1024,
+                              "num_hidden_layers": 24, "num_attention_heads": 16,
+                              "intermediate_size": 4096, "vocab_size": 30522,
+                              "max_position_embeddings": 512, "type_vocab_size": 2})
+    assert bert.tied_output
+    assert bert.autocast_copy_bytes() == 2 * (bert.parameters - bert.embedding_parameters
+                                              + 30522 * 1024)
+    assert shape_from_params(7_000_000_000).autocast_copy_bytes() is None
+    mixed = from_shape(llama, precision="bf16_mixed", optimizer="adamw", checkpointing=False)
+    pure = from_shape(llama, precision="bf16", optimizer="adamw", checkpointing=False)
+    copies = llama.autocast_copy_bytes()
+    for b in (1, 3):
+        assert (mixed.memory_at(b, 1).activations - pure.memory_at(b, 1).activations
+                == copies)
+    target = Target(name="8 GPUs", gpus=8, memory_bytes=80 * 2**30, generation="hopper")
+    single = per_gpu_memory(mixed, target, "single", 1, 1, 2)
+    sharded = per_gpu_memory(mixed, target, "fsdp", 1, 8, 2)
+    assert single.activations == mixed.memory_at(2, 1).activations
+    assert sharded.activations == mixed.memory_at(2, 1).activations - copies
+
+
+def test_a_matmul_under_autocast_saves_one_cached_16_bit_copy_of_its_weight():
+    """What ``autocast_copy_bytes`` counts, on torch's own autocast (CPU's, which caches casts
+    as CUDA's does): the linear's backward keeps the bf16 copy of its fp32 weight, 2 B per
+    weight, and a second use of the weight in the same region reuses the cached copy."""
+    torch = pytest.importorskip("torch")
+    linear = torch.nn.Linear(256, 512)
+    x = torch.randn(4, 256, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        first, second = linear(x), linear(x)
+    saved = first.grad_fn._saved_mat2
+    assert saved.dtype == torch.bfloat16
+    assert saved.untyped_storage().nbytes() == 2 * linear.weight.numel()
+    assert (second.grad_fn._saved_mat2.untyped_storage().data_ptr()
+            == saved.untyped_storage().data_ptr())
+
+
+LOSS_HEAD = '''
+import torch, torch.nn as nn, torch.nn.functional as F
+V, D, S = 16384, 32, 128
+
+class Head(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.wte, self.head = nn.Embedding(V, D), nn.Linear(D, V, bias=False)
+
+    def forward(self, idx):
+        return self.head(self.wte(idx))
+
+def build_model():
+    return Head()
+
+def example_batch(batch_size):
+    idx = torch.randint(0, V, (batch_size, S + 1))
+    return idx[:, :-1].contiguous(), idx[:, 1:].contiguous()
+
+def training_step(model, batch):
+    x, y = batch
+    return F.cross_entropy(model(x).reshape(-1, V).float(), y.reshape(-1))
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("precision", ["fp32", "bf16_mixed"])
+def test_a_real_cpu_step_keeps_12_bytes_per_logit(tmp_path, precision):
+    """``LOSS_BYTES_PER_LOGIT`` against the CPU allocator's record of two real steps of a
+    model that is all logits: each more sample adds 12 B per logit to the peak, in fp32 and
+    under autocast alike (measured 12.005 and 12.009 B at 256 x 32768 logits a sample)."""
+    from launcher.estimate.analytic import LOSS_BYTES_PER_LOGIT
+    from launcher.estimate.traced import measure_recipe
+
+    recipe = tmp_path / "head.py"
+    recipe.write_text(LOSS_HEAD)
+    peaks = [measure_recipe(recipe, micro_batch=b, precision=precision, optimizer="sgd",
+                            max_grad_norm=None).peak_allocated for b in (1, 2)]
+    per_logit = (peaks[1] - peaks[0]) / (128 * 16384)
+    assert per_logit == pytest.approx(LOSS_BYTES_PER_LOGIT, rel=0.01)

@@ -153,8 +153,8 @@ def test_torchtitan_sharding_difference_and_selective_ac_bracket(rows):
                 and r["kind"] == "measured_other_setting"}
     assert len(brackets) == 2
     assert min(brackets) < selective["launcher"] < max(brackets)
-    # Under by 9.7% today (reason in the row); more than 15% would be a regression.
-    assert -15 < selective["error_pct"] < 5
+    # Under by 4.6% today (reason in the row); more than 10% would be a regression.
+    assert -10 < selective["error_pct"] < 5
 
 
 def test_korthikanti_formulas_are_what_the_analytic_model_computes(rows):
@@ -186,3 +186,41 @@ def test_summary_median_is_over_measured_rows_only(rows):
     assert {u["row"] for u in under} >= {
         f"{r['source']}, {r['where']}: {r['configuration']}" for r in rows
         if r["kind"] == "measured" and r["error_pct"] is not None and r["error_pct"] < -5}
+
+
+def test_rows_are_analytic_without_traces(rows):
+    """The test's rows are the ``--no-trace`` table: no traced figure, the analytic answer, and
+    the reason in ``traced_how`` for every row that a trace would fill."""
+    assert not bench_published.TRACE["on"]
+    assert all(r["traced"] is None and r["answer"] == "analytic" for r in rows)
+    bert = _one(rows, "section: fp16")
+    assert bert["traced_how"] == "not traced (--no-trace)"
+    assert bert["answer_error_pct"] == bert["error_pct"]
+
+
+def test_hf_fp16_run_is_no_longer_far_under(rows):
+    """bert-large, fp16 autocast, batch 4 (13939 MiB): once autocast's fp32 softmax
+    probabilities (7 B per score), its fp16 weight copies and the loss's 12 B per logit are
+    counted, what is left under is the fp32 residual stream (docs/estimator.md, Not done yet)."""
+    fp16 = _one(rows, "section: fp16")
+    assert -8 < fp16["error_pct"] < 0
+
+
+@pytest.mark.slow
+def test_traced_column_is_launch_plans_trace(monkeypatch):
+    """The traced column runs preflight's own ``_hf_traced`` (a tiny BERT here, for time) and
+    caches each setting's trace for the run."""
+    pytest.importorskip("transformers")
+    monkeypatch.setitem(bench_published.TRACE, "on", True)
+    monkeypatch.setattr(bench_published, "_TRACED", {})
+    tiny = {**bench_published.BERT_LARGE_UNCASED, "hidden_size": 64, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 1000}
+    target = Target(name="V100", gpus=1, memory_bytes=16 * 2**30, generation="volta")
+    memory, how = bench_published.traced_memory(tiny, 64, "bf16_mixed", "adamw", False, target,
+                                                "single", 1, 1, 2)
+    assert memory is not None and memory.total is not None, how
+    assert how.startswith("traced single device")
+    assert len(bench_published._TRACED) == 1
+    again, _ = bench_published.traced_memory(tiny, 64, "bf16_mixed", "adamw", False, target,
+                                             "single", 1, 1, 4)
+    assert len(bench_published._TRACED) == 1 and again.total > memory.total

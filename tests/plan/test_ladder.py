@@ -297,7 +297,7 @@ def test_analytic_selective_keeps_the_policy_s_outputs():
     kv = h * 2 // a
     kept = (s * h + s * h + s * h + s * kv + s * i + s * h) * 2  # input, attn, q, v, gate, down
     layer = (11 * s * h + 2 * s * h + 8 * s * i + 4 * s * h)
-    edges = s * v * (2 + 8) + 4 * s * h
+    edges = s * v * 12 + 4 * s * h  # the loss: 12 B per logit (LOSS_BYTES_PER_LOGIT)
     assert selective == n * kept + (layer - kept) + edges
     assert none == n * layer + edges
 
