@@ -395,8 +395,10 @@ def run_command(as_json: bool, debug: bool, cancel_on_interrupt: bool, **options
     from launcher.replan import replan, retrace
 
     can_checkpoint = "wrap_modules" in _info.hooks
-    # A recipe can be re-traced at the shapes a job died at (data that grew partway through).
-    measure = retrace(str(spec.script)) if spec.mode == "recipe" and env.environ.get(
+    # A recipe can be re-traced at the shapes a job died at (data that grew partway through);
+    # a framework script through the recipe generated from what it built, when it got that far.
+    traceable = spec.script if spec.mode == "recipe" else _info.framework_recipe
+    measure = retrace(str(traceable)) if traceable is not None and env.environ.get(
         "LAUNCH_NO_TRACE") != "1" else None
 
     def fix(plan: Any, failure: dict[str, Any]) -> Any:

@@ -234,6 +234,8 @@ def _hf_traced(spec: Spec, shape: ModelShape, precision: str, optimizer: str,
 
 def preflight(spec: Spec, info: ScriptInfo, state_dir: Path | None = None,
               environ: dict[str, str] | None = None) -> PlanResult:
+    if info.framework is not None:
+        spec = _framework_spec(spec, info)
     shape, source = describe(spec, info)
     environ = dict(os.environ if environ is None else environ)
     if spec.provider == "local":
@@ -241,7 +243,11 @@ def preflight(spec: Spec, info: ScriptInfo, state_dir: Path | None = None,
     else:
         targets = cloud_targets(spec.provider, spec)
     device = "cpu" if targets and all(t.cpu for t in targets) else "cuda"
-    trace = info.mode == "recipe" and shape is None and environ.get("LAUNCH_NO_TRACE") != "1"
+    trace = ((info.mode == "recipe" or info.framework_recipe is not None) and shape is None
+             and environ.get("LAUNCH_NO_TRACE") != "1")
+    # A framework script is traced through the recipe made from what it built.
+    traced_spec = spec if info.framework_recipe is None else replace(
+        spec, script=info.framework_recipe)
     # A config transformers can build is traced like a recipe (importlib: no import here).
     hf_trace = (shape is not None and spec.model_config is not None and shape.seq_len is not None
                 and environ.get("LAUNCH_NO_TRACE") != "1"
@@ -278,7 +284,7 @@ def preflight(spec: Spec, info: ScriptInfo, state_dir: Path | None = None,
                     ((False, True) if can_checkpoint and pinned is None and key not in traced
                      else ()) + (checkpointing,)))
                 done = traced.setdefault(key, {})
-                for v, fp in _traced(spec, info, precision, optimizer, variants, device,
+                for v, fp in _traced(traced_spec, info, precision, optimizer, variants, device,
                                      environ, budget).items():
                     plain = done.get(False)
                     if (isinstance(fp, Footprint) and fp.flops_per_sample is None
@@ -295,6 +301,7 @@ def preflight(spec: Spec, info: ScriptInfo, state_dir: Path | None = None,
     parameters = shape.parameters if shape is not None else info.parameters
     result = plan(spec, estimator, targets, spec.provider, parameters=parameters, source=source,
                   can_checkpoint=can_checkpoint)
+    result.notes.extend(n for n in info.notes if n not in result.notes)
     if budget.note() is not None:
         result.notes.append(budget.note())  # type: ignore[arg-type]
     return result
@@ -310,3 +317,17 @@ def _pinned_checkpointing(spec: Spec) -> str | None:
     if spec.activation_checkpointing is not None:
         return checkpointing_mode(spec.activation_checkpointing)
     return None
+
+
+def _framework_spec(spec: Spec, info: ScriptInfo) -> Spec:
+    """A framework script that never reached training (launcher/frameworks.py) is described
+    by the Hugging Face config of the model it built on the way, if any; with neither that nor
+    --params / --model-config there is nothing to plan, and the capture's notes say why."""
+    if (info.framework_recipe is not None or spec.model_config is not None
+            or spec.params is not None):
+        return spec
+    if info.framework_config is not None:
+        return replace(spec, model_config=info.framework_config)
+    why = "; ".join(info.notes) or "it did not reach the start of training"
+    raise UsageError(f"launch could not trace {spec.script.name}: {why}",
+                     "describe the model with --model-config config.json or --params 7B")

@@ -52,6 +52,13 @@ class ScriptInfo:
     unit_parameters: int | None = None
     flops_per_sample: float | None = None
     hardware: Hardware = field(default_factory=Hardware)
+    #: A framework script (launcher/frameworks.py): hf_trainer | accelerate | lightning, the
+    #: recipe generated from what it built (None when it never reached training), a Hugging
+    #: Face config it built a model from (for the analytic estimate then), and notes.
+    framework: str | None = None
+    framework_recipe: Path | None = None
+    framework_config: Path | None = None
+    notes: tuple[str, ...] = ()
 
 
 def classify(path: Path) -> tuple[Literal["recipe", "script"], tuple[str, ...]]:
@@ -102,6 +109,12 @@ def inspect_script(
     usual child does it.
     """
     mode, hooks = classify(path)
+    if mode == "script":
+        from launcher.frameworks import detect, inspect_framework
+
+        detected = detect(path)
+        if detected is not None:  # run to where training starts (a time limit), not imported
+            return inspect_framework(path, detected, python=python, env=env, local=local)
     if mode == "script" and not local:
         return ScriptInfo(path=path, mode=mode, hooks=hooks)
     answer = None

@@ -28,6 +28,11 @@ TEMPLATE_PACKAGE = "trainer_templates"
 TEMPLATE_SUFFIX = ".py.j2"
 SCRIPT_NAME = "launch_train.py"
 PLAN_NAME = "plan.json"
+#: The shim that runs a framework script (launcher/frameworks.py) with the plan applied through
+#: the framework's own settings; not a strategy, though its template sits beside them.
+FRAMEWORK_TEMPLATE = "framework"
+FRAMEWORK_SCRIPT = "launch_framework.py"
+FRAMEWORKS = ("hf_trainer", "accelerate", "lightning")
 
 Mode = Literal["recipe", "script"]
 
@@ -51,10 +56,16 @@ class TrainSettings:
     seed: int = 0
     max_grad_norm: float | None = 1.0  # None: no clipping
     weight_decay: float = 0.0
+    # A framework script (mode "script"): its framework, whose own settings get the plan.
+    framework: str | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in ("recipe", "script"):
             raise ValueError(f"mode must be 'recipe' or 'script', not {self.mode!r}")
+        if self.framework is not None and (self.mode != "script"
+                                           or self.framework not in FRAMEWORKS):
+            raise ValueError(f"framework must be one of {', '.join(FRAMEWORKS)} for a script, "
+                             f"not {self.framework!r} (mode {self.mode!r})")
         if not self.recipe_file:
             raise ValueError("recipe_file is empty")
         if self.log_every < 1:
@@ -93,6 +104,7 @@ def available_strategies() -> tuple[str, ...]:
             name.removesuffix(TEMPLATE_SUFFIX)
             for name in _environment().list_templates()
             if name.endswith(TEMPLATE_SUFFIX) and "/" not in name and not name.startswith("_")
+            and name != FRAMEWORK_TEMPLATE + TEMPLATE_SUFFIX
         )
     )
 
@@ -108,6 +120,12 @@ def render_script(strategy: str) -> str:
         )
     # An empty context: with StrictUndefined, any {{ value }} in a template fails here.
     return _environment().get_template(strategy + TEMPLATE_SUFFIX).render()
+
+
+def render_framework_script() -> str:
+    """The framework shim: the same for every plan and framework (it reads both from
+    ``plan.json``), so, like the strategies' scripts, it is rendered with an empty context."""
+    return _environment().get_template(FRAMEWORK_TEMPLATE + TEMPLATE_SUFFIX).render()
 
 
 def plan_document(plan: Plan, settings: TrainSettings) -> dict[str, Any]:
@@ -153,12 +171,16 @@ def render(plan: Plan, settings: TrainSettings) -> RenderedJob:
     """The files and environment of one attempt of ``plan``.
 
     In "recipe" mode the entrypoint is the rendered ``launch_train.py``; in "script" mode it is the
-    user's own script, and nothing is rendered but ``plan.json``.
+    user's own script, and nothing is rendered but ``plan.json``; a framework script runs through
+    ``launch_framework.py``, which gives the framework the plan and then runs the script as it is.
     """
     _check(plan)
     text = json.dumps(plan_document(plan, settings), indent=2) + "\n"
     files = {PLAN_NAME: text}
     env = plan_env(plan, settings)
+    if settings.mode == "script" and settings.framework is not None:
+        files[FRAMEWORK_SCRIPT] = render_framework_script()
+        return RenderedJob(files=files, entrypoint=FRAMEWORK_SCRIPT, env=env)
     if settings.mode == "script":
         return RenderedJob(files=files, entrypoint=settings.recipe_file, env=env)
     if PurePosixPath(settings.recipe_file).name == SCRIPT_NAME and not Path(

@@ -82,6 +82,8 @@ class Spec:
     script: Path
     mode: str
     provider: str = "local"
+    #: A framework script's framework (hf_trainer | accelerate | lightning; launcher/frameworks.py)
+    framework: str | None = None
     # Pins.
     strategy: str | None = None
     machine: str | None = None
@@ -345,6 +347,7 @@ def build_spec(options: dict[str, Any], info: ScriptInfo,
         values.pop((pins - given).pop(), None)
     values["script"] = info.path
     values["mode"] = info.mode
+    values["framework"] = info.framework
     values["global_batch_given"] = "global_batch_size" in labels
     spec = Spec(**values)
     _validate(spec, labels)
@@ -366,7 +369,8 @@ def _validate(spec: Spec, labels: Mapping[str, str] | None = None) -> None:
     if spec.strategy == "smp_v2" and spec.provider != "sagemaker":
         raise UsageError("smp_v2 is SageMaker's model-parallel library and runs only there",
                          "use --provider sagemaker, or --strategy fsdp / hybrid_shard")
-    if spec.mode == "script" and spec.params is None and spec.model_config is None:
+    if (spec.mode == "script" and spec.params is None and spec.model_config is None
+            and spec.framework is None):  # a framework script is traced from what it builds
         raise UsageError(
             f"{spec.script.name} is a plain script, so launch cannot trace its model",
             "describe it with --model-config config.json or --params 7B, or make it a recipe "

