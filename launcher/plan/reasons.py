@@ -77,7 +77,7 @@ def for_failed(failed: list[Plan], parameters: int | None) -> list[Rejection]:
                 f"weights, gradients and optimizer state alone need {format_bytes(m.model_states)}"
                 f"{_per_param(plan, parameters)}"
                 f" per GPU, {_ratio(m.model_states, m.capacity)} the {format_bytes(m.capacity)}"
-                " it has; no micro-batch changes that")))
+                f" it has; {_what_changes_states(plan)}")))
         elif m.total is not None and m.capacity is not None:
             out.append(_rejection(option, (
                 f"needs {format_bytes(m.total)} per GPU ({format_bytes(m.activations)} of it "
@@ -89,6 +89,18 @@ def for_failed(failed: list[Plan], parameters: int | None) -> list[Rejection]:
         else:
             out.append(_rejection(option, "does not fit"))
     return out
+
+
+def _what_changes_states(plan: Plan) -> str:
+    """Model states do not depend on the micro-batch, except a sharded plan's gradients when
+    they accumulate unsharded until the last micro-step: then reduce-scattering every micro-step
+    (a rung the planner tries) shards them, and saying "nothing changes that" would contradict
+    the plan it may choose."""
+    if (plan.strategy in ("fsdp", "hybrid_shard") and plan.grad_accum_steps > 1
+            and not plan.reduce_every_micro_step):
+        return (f"the gradients held unsharded over its {plan.grad_accum_steps} micro-steps are "
+                "part of that; reduce-scattering on every micro-step shards them")
+    return "no micro-batch changes that"
 
 
 def reduce_every_micro_step(chosen: Plan, failed: list[Plan]) -> list[Rejection]:

@@ -353,3 +353,26 @@ def test_a_selective_trace_that_fails_skips_its_rungs_unless_pinned():
     with pytest.raises(UsageError, match="replay"):
         plan(dataclasses.replace(spec, checkpointing="selective"), estimator, [target], "local",
              parameters=GIB // 16, source="traced", can_checkpoint=True)
+
+
+def test_a_sharded_plan_whose_accumulated_gradients_overflow_is_not_told_nothing_helps():
+    """Model states do not depend on the micro-batch, except gradients a sharded plan holds
+    unsharded until its last micro-step; the reason must not say "no micro-batch changes that"
+    when reduce-scattering every micro-step (a rung the planner tries, and may choose) does."""
+    from launcher.plan.reasons import for_failed
+
+    def failed(**kw):
+        base = dict(strategy="fsdp", machine="ml.p4d.24xlarge", nodes=1, gpus_per_node=8,
+                    micro_batch_size=4, grad_accum_steps=2, global_batch_size=64,
+                    precision="bf16_mixed", optimizer="adamw", activation_checkpointing=False,
+                    steps=10, lr=1e-4, fits=False,
+                    memory=Memory(parameters=20 << 30, gradients=20 << 30, optimizer=10 << 30,
+                                  capacity=40 << 30))
+        return Plan(**{**base, **kw})
+
+    held = for_failed([failed()], 7_000_000_000)[0].reason
+    assert "reduce-scattering on every micro-step shards them" in held
+    assert "no micro-batch changes that" not in held
+    for other in (failed(grad_accum_steps=1), failed(reduce_every_micro_step=True),
+                 failed(strategy="ddp")):
+        assert for_failed([other], 7_000_000_000)[0].reason.endswith("no micro-batch changes that")
