@@ -69,13 +69,15 @@ def parse_duration(text: object) -> int:
     return int(round(float(match.group(1)) * _SECONDS[match.group(2).lower()]))
 
 
-def format_bytes(n: int | None) -> str:
+def format_bytes(n: int | None, digits: int = 1) -> str:
+    """Bytes in binary units: ``8.1 GiB`` (plans), ``8.06 GiB`` with ``digits=2`` (the way
+    PyTorch's allocator prints them, for a diagnosis quoting its figures)."""
     if n is None:
         return "?"
     value = float(n)
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(value) < 1024 or unit == "TiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.{digits}f} {unit}"
         value /= 1024
     raise AssertionError("unreachable")
 

@@ -45,7 +45,6 @@ estimate. This module imports neither torch nor transformers.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import os
 import tempfile
@@ -266,11 +265,6 @@ def wrap_modules():
         blocks = [max(repeated, key=repeated.get)]
     return tuple(blocks)
 '''
-
-
-def transformers_available() -> bool:
-    """Whether ``transformers`` can be imported, without importing it (or torch)."""
-    return importlib.util.find_spec("transformers") is not None
 
 
 def write_recipe(config_path: str | os.PathLike[str], seq_len: int,

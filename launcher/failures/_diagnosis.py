@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from launcher.failures._sizes import Figures, GiB, MiB, human
+from launcher.failures._sizes import Figures, GiB, MiB
+from launcher.units import format_bytes
 
 FailureKind = Literal["gpu_oom", "host_oom", "other", "none"]
 Cause = Literal["activations", "model_states", "fragmentation", "other_process", "shared_memory",
@@ -119,16 +120,18 @@ def gpu_cause(fig: Figures, phase: str | None) -> tuple[Cause, str]:
         else:
             significant = outside >= max(OUTSIDE_FLOOR, OUTSIDE_SHARE * fig.capacity)
         if significant:
-            return "other_process", (f"{human(outside)} of the {human(fig.capacity)} GPU is held "
+            return "other_process", (f"{format_bytes(outside, 2)} of the "
+                                     f"{format_bytes(fig.capacity, 2)} GPU is held "
                                      "outside this process's allocator")
     if fig.reserved is not None and fig.allocated is not None and fig.requested is not None:
         cached = fig.reserved - fig.allocated
         if cached >= fig.requested and cached >= FRAGMENTED_SHARE * fig.reserved:
-            return "fragmentation", (f"{human(cached)} is reserved but unallocated, more than the "
-                                     f"{human(fig.requested)} requested")
+            return "fragmentation", (f"{format_bytes(cached, 2)} is reserved but unallocated, "
+                                     f"more than the {format_bytes(fig.requested, 2)} requested")
     if fig.free is not None and fig.requested is not None:
         if fig.free >= 2 * fig.requested and fig.free - fig.requested >= FREE_SLACK:
-            return "fragmentation", (f"{human(fig.free)} was free yet {human(fig.requested)} "
+            return "fragmentation", (f"{format_bytes(fig.free, 2)} was free yet "
+                                     f"{format_bytes(fig.requested, 2)} "
                                      "could not be had in one block")
     if phase in MODEL_STATE_PHASES:
         return "model_states", _PHASE_REASON[phase]

@@ -242,15 +242,3 @@ def other_figures(text: str) -> Figures:
     if fig.requested is not None and fig.requested >= IMPOSSIBLE_BYTES:
         fig.impossible = True
     return fig
-
-
-def human(n: int | None) -> str:
-    """Bytes the way the allocator prints them: 8.06 GiB."""
-    if n is None:
-        return "?"
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
-            return f"{int(value)} B" if unit == "B" else f"{value:.2f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")

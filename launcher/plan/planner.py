@@ -43,7 +43,7 @@ from launcher.plan.cost import Hardware, step_cost
 from launcher.plan.plan import Memory, Plan, checkpointing_key, checkpointing_mode
 from launcher.plan.reasons import Rejection
 from launcher.spec import Spec
-from launcher.status import ExitStatus, LaunchError, UsageError
+from launcher.status import ExitStatus, UsageError
 
 #: Strategies the training templates can run on any provider (smp_v2 needs SageMaker's image).
 RUNNABLE_STRATEGIES = ("single", "ddp", "fsdp", "hybrid_shard")
@@ -691,8 +691,3 @@ def plan(spec: Spec, estimator: Estimator, targets: list[Target], provider: str,
         notes.append(foot_note)
     return PlanResult(parameters=parameters, source=source, plans=all_plans, chosen=chosen,
                       rejected=rejected, notes=notes, status=status)
-
-
-def check_budget(result: PlanResult) -> None:
-    if result.status == ExitStatus.OVER_BUDGET:
-        raise LaunchError("every plan that fits costs more than --budget", result.status)
