@@ -15,6 +15,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from launcher.events import parse_event
+
 MAX_SEGMENT = 8192  # a message longer than this is kept around its interesting part only
 
 ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
@@ -111,17 +113,6 @@ def _payload(obj: Any) -> tuple[str | None, int | None]:
     return None, rank
 
 
-def _launch_event(text: str) -> dict[str, Any] | None:
-    start = text.find('{"launch"')
-    if start < 0:
-        return None
-    try:
-        event, _ = json.JSONDecoder().raw_decode(text, start)
-    except ValueError:
-        return None
-    return event if isinstance(event, dict) else None
-
-
 def _unescape(inner: str) -> str:
     try:
         return json.loads('"' + inner + '"')
@@ -136,7 +127,7 @@ def segments(line: str) -> list[Segment]:
     line = _CONTROL.sub(" ", line.rstrip("\r\n"))
     outer, outer_rank, outer_host = strip_prefixes(line)
     texts: list[str]
-    event = _launch_event(outer) if '{"launch"' in outer else None
+    event = parse_event(outer)  # the one parser of the templates' lines (launcher/events.py)
     if event is not None:
         rank = event.get("rank") if isinstance(event.get("rank"), int) else outer_rank
         return [Segment(outer.strip(), rank, outer_host, event)]
