@@ -58,7 +58,8 @@ class ScratchProbe:
     """Run selected ops once for real, at their traced shapes, to see what the fake run cannot.
 
     Two things escape a ``TorchDispatchMode``: memory a kernel allocates and frees inside itself
-    (oneDNN convolution and LSTM scratch, batch-norm backward buffers), and outputs whose real
+    (oneDNN convolution and LSTM scratch, batch-norm backward buffers, the unreduced loss the CPU
+    ``mse_loss`` computes before its mean), and outputs whose real
     size the meta kernel gets wrong (the CPU LSTM's oneDNN workspace is 0 bytes on meta, 4 MB for
     real, and it is saved for the backward pass). For the ops in ``ops``, the probe allocates
     zero-filled inputs of the traced shapes, runs the kernel under the allocator's own accounting
@@ -75,6 +76,7 @@ class ScratchProbe:
         "_native_batch_norm_legit", "_native_batch_norm_legit_no_training",
         "mkldnn_rnn_layer", "mkldnn_rnn_layer_backward", "embedding_dense_backward",
         "_embedding_bag", "_embedding_bag_backward", "_embedding_bag_dense_backward",
+        "mse_loss",
     })
 
     def __init__(self, device: torch.device, limit_bytes: int = 256 * 2**20) -> None:
