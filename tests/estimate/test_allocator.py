@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import math
 import random
+import sys
 import time
 from pathlib import Path
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _recipes import GPT  # noqa: E402
 
 from launcher.estimate.allocator import (
     AllocatorConfig,
@@ -161,50 +165,8 @@ def test_100k_events_replay_fast() -> None:
 
 #: A GPT with a vocabulary large enough for logits and embeddings of tens of MiB next to
 #: sub-MiB layer-norm statistics: sizes in every pool and segment class.
-MIXED_GPT = """
-import torch, torch.nn as nn, torch.nn.functional as F
-V, D, H, L, S = 8000, 384, 6, 4, 128
-
-class Block(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.ln1, self.ln2 = nn.LayerNorm(D), nn.LayerNorm(D)
-        self.qkv, self.proj = nn.Linear(D, 3 * D), nn.Linear(D, D)
-        self.mlp = nn.Sequential(nn.Linear(D, 4 * D), nn.GELU(), nn.Linear(4 * D, D))
-
-    def forward(self, x):
-        B, T, _ = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split(D, dim=2)
-        q, k, v = (t.view(B, T, H, D // H).transpose(1, 2) for t in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.proj(y.transpose(1, 2).reshape(B, T, D))
-        return x + self.mlp(self.ln2(x))
-
-class GPT(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.wte, self.wpe = nn.Embedding(V, D), nn.Embedding(S, D)
-        self.blocks = nn.ModuleList(Block() for _ in range(L))
-        self.ln = nn.LayerNorm(D)
-        self.head = nn.Linear(D, V, bias=False)
-
-    def forward(self, idx):
-        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))
-        for block in self.blocks:
-            x = block(x)
-        return self.head(self.ln(x))
-
-def build_model():
-    return GPT()
-
-def example_batch(batch_size):
-    idx = torch.randint(0, V, (batch_size, S + 1))
-    return idx[:, :-1].contiguous(), idx[:, 1:].contiguous()
-
-def training_step(model, batch):
-    x, y = batch
-    return F.cross_entropy(model(x).reshape(-1, V), y.reshape(-1))
-"""
+MIXED_GPT = GPT.replace("V, D, H, L, S = 256, 64, 4, 2, 32", "V, D, H, L, S = 8000, 384, 6, 4, 128")
+assert MIXED_GPT != GPT
 
 
 def test_a_traced_cuda_estimate_replays_the_allocator(tmp_path: Path) -> None:
