@@ -13,7 +13,7 @@ results):
    and without gloo's own buffers (docs/estimator.md says why both).
 2. Scaling, fake only: FSDP at 8 and 64 ranks of a 150M-parameter Llama (CUDA semantics,
    bf16_mixed, AdamW with foreach on and off), traced per rank, against the planner's analytic
-   scaling of a single-device trace (``launcher.plan.planner.per_gpu_memory``).
+   scaling of a single-device trace (``launcher.plan.memory.per_gpu_memory``).
 3. The foreach phantom, fake only: the 67M-parameter MLP stack of docs/estimator.md (8 FSDP
    ranks, bf16_mixed, CUDA semantics) where ``FSDPMemTracker`` counted 937 MiB in the optimizer
    step: the optimizer phase's peak with foreach and for-loop AdamW.
@@ -97,10 +97,10 @@ def wrap_modules():
 def optimizer_phase(recipe: str | os.PathLike[str], **kwargs: Any) -> dict[str, Any]:
     """The largest point of the optimizer phases (step 1's and the steady step's) of a trace:
     the raw timelines of the child's answer (``TraceResult`` keeps only the overall peak)."""
-    from launcher.estimate import traced
+    from launcher.estimate import trace_process, traced
 
     request = traced._request(recipe, **kwargs)
-    answer = traced._run_child(request, 1800, sys.executable)
+    answer = trace_process.run_child(request, 1800, sys.executable)
     if not answer.get("ok"):
         raise RuntimeError(str(answer.get("error")))
     cats = answer["categories"]
@@ -242,7 +242,7 @@ def scaling(directory: Path, worlds: list[int], micro_batch: int) -> dict[str, A
     from models_zoo import write_recipe
 
     from launcher.estimate.footprint import Footprint
-    from launcher.plan.planner import Target, per_gpu_memory
+    from launcher.plan.memory import Target, per_gpu_memory
 
     recipe = write_recipe("llama", directory / "llama150m", **SCALING_LLAMA)
     common = {"device": "cuda", "micro_batch_sizes": (1, micro_batch), "precision": "bf16_mixed",

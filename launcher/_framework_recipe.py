@@ -267,7 +267,7 @@ def _call(model: torch.nn.Module, batch: Any, call: dict[str, Any]) -> Any:
 
 def _loss_function(name: str, output: torch.Tensor, target: torch.Tensor, flatten: bool
                    ) -> torch.Tensor:
-    """The same as the capture's ``_apply_loss`` (launcher/_framework_child.py)."""
+    """The same as the capture's ``_apply_loss`` (launcher/_framework_child/accelerate.py)."""
     import torch.nn.functional as F
 
     if flatten:

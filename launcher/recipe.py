@@ -226,7 +226,9 @@ def _user_frame(exc: BaseException, script: Path) -> tuple[str | None, int | Non
     return best
 
 
-def _hardware() -> dict[str, Any]:
+def hardware() -> dict[str, Any]:
+    """This machine's CPUs, memory and CUDA GPUs (imports torch): the probe's and the framework
+    capture's ``hardware``."""
     import torch
 
     info: dict[str, Any] = {"cpus": os.cpu_count() or 1}
@@ -329,10 +331,10 @@ def _training_flops(module: Any) -> float | None:
 def probe_answer(script: Path | None, count_flops: bool = True) -> dict[str, Any]:
     """The child's whole answer: the script's probe (none for a plain script) and, unless the
     user's code failed, this machine's hardware. Also served by the estimator's prestarted
-    trace child (launcher.estimate.traced.probe)."""
+    trace child (launcher.estimate.trace_process.probe)."""
     answer = _probe(script, count_flops=count_flops) if script is not None else {}
     if "error" not in answer:
-        answer["hardware"] = _hardware()
+        answer["hardware"] = hardware()
     return answer
 
 

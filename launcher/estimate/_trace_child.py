@@ -1,6 +1,6 @@
 """The child process of the traced estimator: runs the user's recipe on fake tensors.
 
-``launcher.estimate.traced`` starts ``python -m launcher.estimate._trace_child``, writes JSON
+``launcher.estimate.trace_process`` starts ``python -m launcher.estimate._trace_child``, writes JSON
 requests to its stdin and reads JSON answers from its stdout. Everything that imports torch or
 the user's code lives in this process and its workers, so the parent stays light and a crash, a
 hang or an import-time side effect of the user's script cannot take the CLI down with it.
@@ -20,7 +20,7 @@ live in modules of their own (docs/estimator.md explains why each step is there)
 - ``_tracker``: the live bytes of every category (parameters, buffers, gradients, activations,
   backward temporaries, optimizer state) after every ATen op, with PyTorch ``MemTracker``'s
   accounting. The parent fits every point linearly in the micro-batch size
-  (``launcher.estimate.traced._fit``).
+  (``launcher.estimate._fit``).
 - ``_measure``: a real step's peak from the CPU allocator's own events, the reference.
 """
 

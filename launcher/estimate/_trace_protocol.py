@@ -1,6 +1,6 @@
 """The trace child's line protocol: one JSON request per line on stdin, one JSON answer each.
 
-The parent (``launcher.estimate.traced``) starts the child ahead of its requests; a prestarted
+The parent (``estimate.trace_process``) starts the child ahead of its requests; a prestarted
 child first answers the CLI's recipe probe (``action: probe``, what ``python -m launcher.recipe``
 would answer), then the trace requests: one configuration, a ``batch`` of them (torch imported
 once), or one split in two parts traced at once (``fork_parts``). This module owns the real

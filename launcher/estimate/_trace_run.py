@@ -6,7 +6,7 @@ the recipe, and traces the step (``_trace_step``) under the tracker (``_tracker`
 requested size (``_trace``), at two depths of a repeated stack when asked (``_scaled_trace``).
 When fake tensors cannot size a data-dependent op it reruns on real tensors (small models) or
 with the largest possible outputs (an upper bound). The raw timelines go back to the parent,
-which fits them (``launcher.estimate.traced``).
+which fits them (``launcher.estimate._answer``).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from launcher.estimate._tracker import (
     UpperBoundShapes,
     install_cuda_rounding,
 )
-from launcher.estimate.traced import PHASES
+from launcher.estimate.trace_result import PHASES
 
 #: Below this many bytes of weights a model with data-dependent shapes is rerun on real tensors.
 DEFAULT_REAL_RUN_LIMIT = 2 * 2**30
@@ -131,7 +131,7 @@ def _fake_grouped_mm() -> None:
     moe._can_use_grouped_mm = can_use_grouped_mm
 
 
-#: The timeline's phase codes (``launcher.estimate.traced.PHASES``, where the parent reads them).
+#: The timeline's phase codes (``trace_result.PHASES``, where the parent reads them).
 _PHASE_CODES = {name: code for code, name in PHASES.items()}
 #: The script's ``Progress`` phases, as timeline phases.
 _SCRIPT_PHASES = {"data": "forward", "forward": "forward", "backward": "backward",
@@ -284,7 +284,7 @@ def _trace(request: dict[str, Any], recipe: ModuleType, mode: str) -> dict[str, 
         "facts": facts,
         "timings": timings,
         "boundary": {k: list(v) for k, v in boundary.items()},
-        # the raw timelines; the parent fits them (launcher.estimate.traced)
+        # the raw timelines; the parent fits them (launcher.estimate._answer)
         "segments": {
             k: {"points": [[p, *v] for p, v in points], "ops": [str(op) for op in ops]}
             for k, (points, ops) in segments.items()
@@ -308,7 +308,7 @@ def _scaled_trace(request: dict[str, Any], recipe: ModuleType, mode: str,
     The first trace (at ``SCALED_DEPTHS[0]``) finds the stack while building; a model without
     one is traced whole by that same call, and its answer is the ordinary one. Otherwise the
     answer holds both traces (``by_depth``) and the parent extrapolates them to the real depth
-    (``launcher.estimate.traced._scale``). If a truncated model cannot run (its forward indexes
+    (``launcher.estimate._answer.scale``). If a truncated model cannot run (its forward indexes
     blocks that are gone), the whole model is traced instead, with a note.
     """
     if not request.get("scale_depth"):

@@ -19,12 +19,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _recipes import GPT  # noqa: E402
 
-from launcher.estimate.traced import (  # noqa: E402
-    ACCUM_PHASES,
-    TraceResult,
-    measure_recipe,
-    trace_recipe,
-)
+from launcher.estimate.trace_result import ACCUM_PHASES  # noqa: E402
+from launcher.estimate.traced import TraceResult, measure_recipe, trace_recipe  # noqa: E402
 from launcher.render import available_strategies, render_script  # noqa: E402
 
 STRATEGIES = {

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from launcher.estimate import traced
+from launcher.estimate import trace_process, traced
 from launcher.estimate.traced import trace_recipe
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
@@ -70,7 +70,7 @@ def _optimizer_phase(recipe: Path, foreach: bool) -> dict[str, Any]:
     request = traced._request(recipe, micro_batch_sizes=(1,), device="cpu", optimizer="adamw",
                               foreach=foreach, strategy={"name": "fsdp", "world_size": 8},
                               scale_depth=False)
-    answer = traced._run_child(request, 300, sys.executable)
+    answer = trace_process.run_child(request, 300, sys.executable)
     assert answer.get("ok"), answer
     cats = answer["categories"]
     points = [p for seg in answer["segments"].values() for p in seg["points"] if p[0] == 3]

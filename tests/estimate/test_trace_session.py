@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.estimate import traced
+from launcher.estimate import trace_process, traced
 from launcher.recipe import inspect_script
 from launcher.status import UsageError
 
@@ -51,43 +51,43 @@ def recipe(tmp_path: Path) -> Path:
 
 def test_the_prestarted_child_probes_then_traces(recipe: Path) -> None:
     usual = inspect_script(recipe)  # its own child, FLOPs counted there
-    traced.prestart()
-    child = traced._WARM[sys.executable]
-    info = inspect_script(recipe, count_flops=False, probe=traced.probe)
+    trace_process.prestart()
+    child = trace_process._WARM[sys.executable]
+    info = inspect_script(recipe, count_flops=False, probe=trace_process.probe)
     assert info.mode == "recipe" and info.launch == {"global_batch_size": 4}
     assert info.parameters == usual.parameters == 64 * 32 + 32 * 64 + 64
     assert info.flops_per_sample is None  # left to the trace
-    assert traced._WARM.get(sys.executable) is child  # kept for the trace
+    assert trace_process._WARM.get(sys.executable) is child  # kept for the trace
     # with accumulation, as a preflight traces: every micro-step's FLOPs, per sample
     result = traced.trace_recipe(recipe, device="cpu", micro_batch_sizes=(1, 2),
                                  count_flops=True, grad_accum_steps=2)
-    assert child.poll() is None and traced._WARM[sys.executable] is child  # still warm
+    assert child.poll() is None and trace_process._WARM[sys.executable] is child  # still warm
     assert result.parameters == usual.parameters
     again = traced.trace_recipe(recipe, device="cpu", micro_batch_sizes=(1, 2),
                                 grad_accum_steps=2)
-    assert traced._WARM[sys.executable] is child  # the planner's next trace: the same child
+    assert trace_process._WARM[sys.executable] is child  # the planner's next trace: the same child
     assert again.peak_at(2) == result.peak_at(2)
-    traced._reap()
-    assert child.wait(timeout=10) is not None and not traced._WARM
+    trace_process._reap()
+    assert child.wait(timeout=10) is not None and not trace_process._WARM
     # The trace counts the same FLOPs the probe would have.
     assert result.flops_per_sample == usual.flops_per_sample and usual.flops_per_sample > 0
 
 
 def test_no_prestarted_child_means_the_usual_probe(recipe: Path) -> None:
-    traced._reap()
-    assert traced.probe(recipe, count_flops=True, timeout_s=30) is None
-    info = inspect_script(recipe, probe=traced.probe)  # falls back to its own child
+    trace_process._reap()
+    assert trace_process.probe(recipe, count_flops=True, timeout_s=30) is None
+    info = inspect_script(recipe, probe=trace_process.probe)  # falls back to its own child
     assert info.parameters == 64 * 32 + 32 * 64 + 64
 
 
 def test_a_recipe_that_hangs_on_import_is_stopped(tmp_path: Path) -> None:
     path = tmp_path / "slow.py"
     path.write_text(textwrap.dedent(SLOW_IMPORT))
-    traced.prestart()
-    child = traced._WARM[sys.executable]
+    trace_process.prestart()
+    child = trace_process._WARM[sys.executable]
     started = time.monotonic()
     with pytest.raises(UsageError, match="took longer than 5 s"):
-        inspect_script(path, count_flops=False, probe=traced.probe, timeout_s=5)
+        inspect_script(path, count_flops=False, probe=trace_process.probe, timeout_s=5)
     assert time.monotonic() - started < 30
     child.wait(timeout=10)  # killed, with its process group
-    assert not traced._WARM
+    assert not trace_process._WARM

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.estimate import traced
+from launcher.estimate import trace_process
 from launcher.estimate.traced import TraceError, TraceTimeout, trace_recipe, trace_recipe_configs
 from launcher.recipe import inspect_script
 
@@ -85,10 +85,10 @@ def test_a_recipe_that_fills_large_tensors_is_probed_and_traced(tmp_path: Path) 
     """The prestarted child probes the recipe (running its import and build_model), then traces
     it in two forked workers: the probe's fills must not leave the child unsafe to fork."""
     path = _write(tmp_path, "fills", FILLS)
-    traced._reap()
-    traced.prestart()
+    trace_process._reap()
+    trace_process.prestart()
     started = time.monotonic()
-    info = inspect_script(path, probe=traced.probe, count_flops=False, timeout_s=60)
+    info = inspect_script(path, probe=trace_process.probe, count_flops=False, timeout_s=60)
     assert info.parameters == 4096 * 256 + 256 * 4096 + 4096
     results = trace_recipe_configs(path, [{"activation_checkpointing": False},
                                           {"precision": "bf16_mixed"}],

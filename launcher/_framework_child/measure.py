@@ -1,0 +1,51 @@
+"""``--measure``: the framework's own two optimizer steps under the CPU profiler (``measure.json``).
+
+The traced estimate of a framework script is checked against this peak, read from the CPU
+allocator's events as the trace child's reference measurement reads them.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+from launcher._framework_child.answer import STATE, Stop
+
+
+def start_profile() -> None:
+    from torch.profiler import ProfilerActivity, profile
+
+    prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+    prof.__enter__()
+    STATE["profile"] = prof
+    STATE["t0"] = time.perf_counter()
+
+
+def stop_profile() -> None:
+    from launcher.estimate._measure import cpu_allocation_events
+
+    prof = STATE.pop("profile")
+    prof.__exit__(None, None, None)
+    live = peak = 0
+    for event in cpu_allocation_events(prof):
+        live += event.alloc_size
+        peak = max(peak, live)
+    model = STATE["measured_model"]
+    base = sum(p.numel() * p.element_size() for p in {id(p): p for p in model.parameters()}
+               .values()) + sum(b.numel() * b.element_size() for b in model.buffers())
+    answer = {"peak_allocated": base + peak, "above_weights": peak, "weights": base,
+              "wall_s": time.perf_counter() - STATE["t0"]}
+    (STATE["out"] / "measure.json").write_text(json.dumps(answer), encoding="utf-8")
+
+
+def measure(run: Callable[[], None], model: Any) -> None:
+    STATE["measured_model"] = model
+    start_profile()
+    try:
+        run()
+    finally:
+        if "profile" in STATE:
+            stop_profile()
+    raise Stop
