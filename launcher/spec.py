@@ -25,11 +25,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 from launcher.estimate.analytic import ATTENTION
+from launcher.estimate.footprint import OPTIMIZER_IMPLEMENTATIONS
 from launcher.plan.plan import CHECKPOINTING, OPTIMIZERS, PRECISIONS, STRATEGIES
+from launcher.providers import names as provider_names
 from launcher.recipe import ScriptInfo
 from launcher.status import UsageError
-
-PROVIDERS = ("local", "vertex", "sagemaker")
 
 #: Keys a recipe's LAUNCH dict may set, with their types (bool before int: bool is an int).
 LAUNCH_KEYS: dict[str, type | tuple[type, ...]] = {
@@ -71,7 +71,7 @@ FLOAT_RULES: dict[str, tuple[bool, str]] = {
 #: Text settings: one line, no control characters (they end up in requests, names and paths).
 TEXT_FIELDS = ("provider", "strategy", "machine", "precision", "optimizer", "region", "bucket",
                "project", "service_account", "role", "image", "timeout", "model_config",
-               "attention")
+               "attention", "optimizer_impl")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
@@ -118,6 +118,8 @@ class Spec:
     vocab_size: int | None = None
     #: The attention kernel the analytic activations assume (flash | efficient | math).
     attention: str | None = None
+    #: How the script's optimizer steps (foreach | for-loop): its temporaries in the estimate.
+    optimizer_impl: str | None = None
     # Provider settings.
     region: str | None = None
     bucket: str | None = None
@@ -392,11 +394,12 @@ def _check_fields(values: Mapping[str, Any], label: Callable[[str], str]) -> Non
             raise UsageError(f"unknown {name} {_show(value)}{source}",
                              f"choose one of {', '.join(allowed)}")
 
-    choice("provider", PROVIDERS)
+    choice("provider", provider_names())  # the registry (launcher/providers/__init__.py)
     choice("strategy", STRATEGIES)
     choice("precision", PRECISIONS)
     choice("optimizer", OPTIMIZERS)
     choice("attention", ATTENTION)
+    choice("optimizer_impl", OPTIMIZER_IMPLEMENTATIONS)
     choice("checkpointing", CHECKPOINTING)
     some, mode = values.get("activation_checkpointing"), values.get("checkpointing")
     if some is not None and mode is not None and bool(some) != (mode != "none"):

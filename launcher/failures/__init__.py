@@ -62,12 +62,17 @@ The reasons behind each rule and threshold are in docs/failures.md.
 
 from __future__ import annotations
 
+from launcher.failures._anchors import needles_for
 from launcher.failures._diagnosis import Cause, Diagnosis, FailureKind
+from launcher.failures._rules import GPU_OOM, HOST_OOM, RULES
 from launcher.failures._scan import explain_file, explain_lines, explain_stream
 from launcher.failures._sizes import parse_size
 from launcher.failures._watch import LogWatcher
 
 __all__ = [
+    "GPU_OOM",
+    "HOST_OOM",
+    "RULES",
     "Cause",
     "Diagnosis",
     "FailureKind",
@@ -75,5 +80,6 @@ __all__ = [
     "explain_file",
     "explain_lines",
     "explain_stream",
+    "needles_for",
     "parse_size",
 ]

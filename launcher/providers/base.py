@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import abc
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
@@ -17,6 +18,7 @@ from launcher.plan.plan import Plan
 from launcher.status import BadValue
 
 if TYPE_CHECKING:
+    from launcher.providers.checks import Check
     from launcher.render import RenderedJob
 
 TERMINAL_STATES = ("succeeded", "failed", "cancelled")
@@ -57,6 +59,12 @@ class JobStatus:
 
 class Provider(abc.ABC):
     name: ClassVar[str]
+    #: Whether ``launch doctor --provider NAME`` has an account to check (:meth:`doctor_checks`).
+    has_doctor: ClassVar[bool] = False
+    #: How the platform says that it could not give a job its machines, or took them away
+    #: (case-insensitive substrings of a job's end message): such an attempt is worth the same
+    #: plan again, resumed (:meth:`lost_capacity`). None on a machine of one's own.
+    capacity_patterns: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
     def from_settings(cls, settings: dict[str, Any], environ: dict[str, str] | None = None
@@ -113,6 +121,22 @@ class Provider(abc.ABC):
     def residue(self, job_id: str) -> list[int]:
         """What of an ended job still runs (the local provider's processes); a cloud's job is
         gone once its state is terminal."""
+        return []
+
+    def lost_capacity(self, message: str) -> bool:
+        """Whether a job's end message (``JobStatus.message``) says the platform could not give
+        the job its machines, or took them away (:attr:`capacity_patterns`)."""
+        text = message.lower()
+        return any(pattern.lower() in text for pattern in self.capacity_patterns)
+
+    @classmethod
+    def doctor_checks(cls, settings: Mapping[str, Any], environ: Mapping[str, str]
+                      ) -> list[Check]:
+        """`launch doctor`'s checks of this machine and the provider's account, made in order
+        with these settings (flags and config keys, unset ones left out) and this environment:
+        each says what it looked at and, failing, how to fix it. A setting that is missing is a
+        failed check; a malformed one raises :class:`UsageError` before anything is checked.
+        Nothing to check (``[]``) where :attr:`has_doctor` is false."""
         return []
 
 

@@ -58,8 +58,8 @@ class Image:
         return int(major), int(minor)
 
 
-#: The images the requests name when no image is given. launcher/providers/vertex.py
-#: (DEFAULT_IMAGE) and launcher/providers/_aws.py (training_image) build their URIs.
+#: The images the requests name when no image is given. launcher/providers/vertex/provider.py
+#: (DEFAULT_IMAGE) and launcher/providers/sagemaker/_aws.py (training_image) build their URIs.
 IMAGES: tuple[Image, ...] = (
     Image("vertex", "vertex-ai/training/pytorch-gpu.2-4.py310", "latest", "2.4",
           ("single", "ddp"),

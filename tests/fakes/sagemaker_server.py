@@ -554,6 +554,18 @@ def cuda_oom(gpus: int = 8, oom_rank: int = 11, at_step: int = 3, hang_s: float 
     return scenario
 
 
+def runs_until_stopped(hang_s: float = 60.0) -> Scenario:
+    """Every host says it runs, then waits to be stopped (after ``hang_s`` the job fails)."""
+    def scenario(ctx: JobContext) -> None:
+        ctx.start()
+        for host in ctx.hosts:
+            ctx.log(host, "[rank0]:running until stopped")
+        if not ctx.wait_for_stop(hang_s):
+            ctx.fail("AlgorithmError: ExecuteUserScriptError: exit code: 1")
+        raise _Stopped
+    return scenario
+
+
 def host_oom(at_step: int = 2, exit_137: bool = False) -> Scenario:
     """The kernel's OOM killer ends the container: the log just stops; SageMaker says so in the
     FailureReason (or, when only a process died, reports its exit code 137)."""

@@ -35,9 +35,16 @@ from typing import Any
 from tests.infra.iam import Request
 
 REPO = Path(__file__).resolve().parents[2]
-AWS_MODULES = ("launcher/providers/sagemaker.py", "launcher/providers/_aws.py",
-               "launcher/doctor.py")
-GCP_MODULES = ("launcher/providers/vertex.py", "launcher/providers/_gcp.py", "launcher/doctor.py")
+AWS_MODULES = ("launcher/providers/sagemaker/provider.py", "launcher/providers/sagemaker/logs.py",
+               "launcher/providers/sagemaker/_aws.py", "launcher/providers/sagemaker/doctor.py")
+GCP_MODULES = ("launcher/providers/vertex/provider.py", "launcher/providers/vertex/logs.py",
+               "launcher/providers/vertex/_gcp.py", "launcher/providers/vertex/doctor.py")
+
+
+def module_name(path: Path) -> str:
+    """What a call's ``module`` says: a provider package's ``provider.py`` by its package's name
+    (sagemaker, vertex), any other file by its stem (_aws, logs, doctor)."""
+    return path.parent.name if path.stem == "provider" else path.stem
 
 
 # -- AWS: calls in the code --------------------------------------------------------------------
@@ -45,7 +52,7 @@ GCP_MODULES = ("launcher/providers/vertex.py", "launcher/providers/_gcp.py", "la
 
 @dataclass(frozen=True, order=True)
 class ClientCall:
-    module: str    # the file's stem: sagemaker, _aws, doctor
+    module: str    # module_name: sagemaker, logs, _aws, doctor
     service: str   # boto3 client name
     method: str    # python method name
     line: int
@@ -81,7 +88,7 @@ def boto3_calls(path: Path) -> list[ClientCall]:
             if (node.func.attr == "read" and len(node.args) >= 2
                     and all(isinstance(a, ast.Constant) and isinstance(a.value, str)
                             for a in node.args[:2])):
-                calls.append(ClientCall(path.stem, str(node.args[0].value),  # type: ignore[attr-defined]
+                calls.append(ClientCall(module_name(path), str(node.args[0].value),  # type: ignore[attr-defined]
                                         str(node.args[1].value), node.lineno))  # type: ignore[attr-defined]
                 continue
             receiver = node.func.value
@@ -92,7 +99,7 @@ def boto3_calls(path: Path) -> list[ClientCall]:
             method = node.func.attr
             if method == "get_paginator" and node.args and isinstance(node.args[0], ast.Constant):
                 method = str(node.args[0].value)
-            calls.append(ClientCall(path.stem, service, method, node.lineno))
+            calls.append(ClientCall(module_name(path), service, method, node.lineno))
     return sorted(set(calls))
 
 
@@ -399,7 +406,7 @@ def attribute_calls(path: Path) -> list[MethodCall]:
         for node in ast.walk(scope):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
                     _root_name(node.func.value) not in foreign:
-                found.add(MethodCall(path.stem, node.func.attr, node.lineno))
+                found.add(MethodCall(module_name(path), node.func.attr, node.lineno))
     return sorted(found)
 
 

@@ -20,9 +20,9 @@ import pytest
 
 pytest.importorskip("hcl2")
 
-from launcher import doctor  # noqa: E402
-from launcher.providers import _aws  # noqa: E402
-from launcher.providers.sagemaker import LOG_GROUP, SageMakerSettings  # noqa: E402
+from launcher.providers.sagemaker import LOG_GROUP, SageMakerSettings, _aws  # noqa: E402
+from launcher.providers.sagemaker import doctor as sagemaker_doctor  # noqa: E402
+from launcher.providers.vertex import doctor as vertex_doctor  # noqa: E402
 from tests.infra import derive  # noqa: E402
 from tests.infra.cases import (  # noqa: E402
     ACCOUNT,
@@ -56,12 +56,12 @@ def test_every_aws_call_in_the_code_maps_to_a_known_action() -> None:
 
 def test_the_doctor_checks_exactly_the_actions_the_provider_uses(tmp_path: Path) -> None:
     """SAGEMAKER_NEEDS (what `launch doctor` simulates) = the provider's calls + its request."""
-    actions, _ = derive.aws_actions(derive.AWS_MODULES[:2])
+    actions, _ = derive.aws_actions(derive.AWS_MODULES[:3])
     request = sagemaker_request(aws_module(), "us-east-1", tmp_path)
     implied = derive.request_actions("sagemaker", "CreateTrainingJob", request.kwargs,
                                      "sagemaker")
     derived = {(a.action, a.resource) for a in actions + implied}
-    declared = {(n.permission, n.on) for n in doctor.SAGEMAKER_NEEDS}
+    declared = {(n.permission, n.on) for n in sagemaker_doctor.SAGEMAKER_NEEDS}
     assert declared == derived
 
 
@@ -75,7 +75,8 @@ def _launcher_requests(ev: Any, region: str, tmp_path: Path, strategy: str = "dd
     group = f"arn:{partition}:logs:{region}:{ACCOUNT}:log-group:{LOG_GROUP}"
     objects = {
         "sagemaker": f"arn:{partition}:s3:::{request.package.bucket}/{request.package.key}",
-        "doctor": f"arn:{partition}:s3:::{bucket}/{prefix}/{doctor.PROBE_FOLDER}/probe-0a1b2c3d",
+        "doctor": f"arn:{partition}:s3:::{bucket}/{prefix}/{sagemaker_doctor.PROBE_FOLDER}/"
+                  "probe-0a1b2c3d",
     }
     kinds = {
         "job": f"arn:{partition}:sagemaker:{region}:{ACCOUNT}:training-job/"
@@ -335,10 +336,10 @@ def _launcher_members(ev: Any) -> list[str]:
 
 
 def test_the_doctor_checks_exactly_the_permissions_the_provider_uses(tmp_path: Path) -> None:
-    permissions, _ = derive.gcp_permissions(derive.GCP_MODULES[:2])
+    permissions, _ = derive.gcp_permissions(derive.GCP_MODULES[:3])
     derived = {(p.permission, p.scope) for p in permissions}
     derived.add(("iam.serviceAccounts.actAs", "service account"))
-    assert {(n.permission, n.on) for n in doctor.VERTEX_NEEDS} == derived
+    assert {(n.permission, n.on) for n in vertex_doctor.VERTEX_NEEDS} == derived
 
 
 def test_the_launcher_roles_allow_every_call(tmp_path: Path) -> None:

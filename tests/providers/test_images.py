@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from launcher.plan.planner import RUNNABLE_STRATEGIES, SHARDED
-from launcher.providers import _aws, images, vertex
+from launcher.providers import images, vertex
 from launcher.providers.images import MIN_TORCH, check_image, torch_version
+from launcher.providers.sagemaker import _aws
 from launcher.render import available_strategies
 from launcher.status import ExitStatus, UsageError
 

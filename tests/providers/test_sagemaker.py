@@ -517,7 +517,7 @@ def test_success_uploads_once_creates_and_follows_every_line(tmp_path, aws_env, 
 
 def test_cuda_oom_on_one_of_16_ranks_stops_the_hanging_job_and_resubmits(
         tmp_path, aws_env, fake, moto):
-    from launcher.replan import replan
+    from launcher.remedies import replan
     from launcher.runs import Run
     from launcher.spec import Spec
     from launcher.supervisor import Supervisor
@@ -719,7 +719,7 @@ def test_the_event_filter_is_the_classifiers_needles_within_cloudwatchs_limit():
 
 
 def test_pacer_spends_its_rate_and_backs_off_after_a_throttle():
-    from launcher.providers._aws import Pacer
+    from launcher.providers.sagemaker._aws import Pacer
 
     now = [0.0]
     pacer = Pacer(4.0, burst=2, clock=lambda: now[0])
@@ -862,7 +862,7 @@ def test_end_to_end_the_fake_runs_the_submitted_job_oom_stop_resubmit_resume(
     and runs the job's own command under torchrun on the CPU. Attempt 1 runs out of memory on
     rank 1 for real; the supervisor stops it, halves the micro-batch and resubmits; attempt 2
     downloads attempt 1's checkpoints from S3 and resumes from step 2."""
-    from launcher.replan import replan
+    from launcher.remedies import replan
     from launcher.runs import Run
     from launcher.spec import Spec
     from launcher.supervisor import Supervisor
@@ -1135,7 +1135,7 @@ def test_status_against_an_endpoint_that_never_answers_ends_within_the_deadline(
 def test_a_silent_endpoint_while_following_keeps_the_last_state(tmp_path, monkeypatch):
     """The supervisor's poll: the last answer stands in (the job has not moved backwards), and
     a log read that gets no answer returns what it has, both within the deadline."""
-    from launcher.providers._aws import ClientSettings, Unanswered, call_within
+    from launcher.providers.sagemaker._aws import ClientSettings, Unanswered, call_within
     from tests.fakes.silent import silent_endpoint
 
     with silent_endpoint() as (host, port):

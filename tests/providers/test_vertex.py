@@ -640,7 +640,9 @@ def test_a_cursor_is_json_and_another_process_carries_on_from_it(fake, storage_e
 
 def test_a_read_cut_at_the_limit_carries_on_where_it_stopped(fake, storage_emulator, bucket,
                                                             tmp_path, monkeypatch):
-    monkeypatch.setattr(vertex, "LOG_PAGE_SIZE", 3)
+    from launcher.providers.vertex import logs as vertex_logs
+
+    monkeypatch.setattr(vertex_logs, "LOG_PAGE_SIZE", 3)
     fake.script(state("JOB_STATE_RUNNING"), *[log("workerpool0-0", f"n{i}") for i in range(10)],
                 finish("JOB_STATE_SUCCEEDED", delay=0.05))
     provider = provider_for(fake, storage_emulator, bucket)
@@ -676,7 +678,7 @@ OOM = ('[rank3]:{"launch": "oom", "rank": 3, "phase": "forward", "step": 3, "mic
 
 def test_cuda_oom_on_one_rank_of_a_multi_node_job_cancels_it_and_resubmits(
         fake, storage_emulator, bucket, tmp_path):
-    from launcher.replan import replan
+    from launcher.remedies import replan
     from launcher.runs import Run
     from launcher.spec import Spec
     from launcher.supervisor import Supervisor
@@ -1005,7 +1007,7 @@ def test_the_event_channel_is_a_filtered_query_built_from_the_failure_classifier
 
     from launcher.events import MARKER
     from launcher.failures._anchors import needles_for
-    from launcher.providers import _gcp
+    from launcher.providers.vertex import _gcp
 
     query = vertex.event_query("7001", datetime(2026, 8, 1, tzinfo=UTC))
     assert len(query) <= _gcp.FILTER_MAX_CHARS
@@ -1139,7 +1141,7 @@ def test_the_read_quota_gives_the_event_channel_its_turn_and_the_stream_the_rest
     """60 reads a minute: the event channel every 2 s per job, the stream evenly spread over
     the rest (every 2 s while a job's events are read, every second once they stop), and never
     more than 60 in any 61 s."""
-    from launcher.providers._gcp import QUOTA_MARGIN_S, ReadQuota
+    from launcher.providers.vertex._gcp import QUOTA_MARGIN_S, ReadQuota
 
     quota = ReadQuota(per_minute=60, events_every_s=2.0)
     assert quota.wait_s("log") == 0 and quota.wait_s("events", "job") == 0
@@ -1217,7 +1219,7 @@ def test_end_to_end_the_staged_job_runs_on_two_nodes_ooms_and_resumes(
     """The fake takes the code from the storage emulator, runs each worker pool's own command
     (the bootstrap, then torchrun on the CPU) as two nodes, and serves their real output as log
     entries: the request, the staging and the templates fit together, OOM and resume included."""
-    from launcher.replan import replan
+    from launcher.remedies import replan
     from launcher.runs import Run
     from launcher.spec import Spec
     from launcher.supervisor import Supervisor
@@ -1352,8 +1354,8 @@ def test_the_bootstrap_refuses_an_archive_changed_in_the_bucket(tmp_path, monkey
     name before extracting it (the bootstrap's own unpack, fed the bytes write_archive makes)."""
     import io
 
-    from launcher.providers import _gcp
     from launcher.providers import vertex as vertex_module
+    from launcher.providers.vertex import _gcp
 
     request = VertexProvider(project="p", region="us-central1", bucket="b").dryrun(
         make_job(tmp_path))

@@ -34,22 +34,35 @@ stream, a page at a time, paced to the rest of the quota (``behind`` says how fa
 
 from __future__ import annotations
 
-import functools
 import json
 import os
-import re
 import time
-from dataclasses import dataclass, field, fields
-from datetime import UTC, datetime, timedelta
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path, PurePosixPath
 from typing import Any, ClassVar
 
 from launcher import packaging
 from launcher.packaging import Selection
 from launcher.plan.plan import Plan
-from launcher.providers import _gcp, images
-from launcher.providers._gcp import LogCursor
-from launcher.providers.base import Job, JobStatus, Provider, checked_duration, checked_region
+from launcher.providers import images
+from launcher.providers.base import Job, JobStatus, Provider
+from launcher.providers.checks import Check
+from launcher.providers.vertex import _gcp
+from launcher.providers.vertex.logs import VertexLogs
+from launcher.providers.vertex.machines import machine_spec
+from launcher.providers.vertex.names import (
+    DEFAULT_PREFIX,
+    DEFAULT_TIMEOUT_S,
+    STATES,
+    check_region,
+    console_url,
+    parse_bucket,
+    parse_duration,
+    parse_job_name,
+)
+from launcher.providers.vertex.timing import Timing
 from launcher.render import PLAN_NAME
 from launcher.status import ProviderError, UsageError
 
@@ -58,179 +71,24 @@ from launcher.status import ProviderError, UsageError
 #: Its torch (2.4) is in launcher/providers/images.py, with the oldest torch each strategy's
 #: script ran under: plans that need a newer torch get the official PyTorch image (image_for).
 DEFAULT_IMAGE = "{geo}-docker.pkg.dev/vertex-ai/training/pytorch-gpu.2-4.py310:latest"
-DEFAULT_PREFIX = "launch"
-#: Vertex AI's own default and maximum run time for a custom job is 7 days.
-DEFAULT_TIMEOUT_S = 7 * 24 * 3600
 LABEL_RUN, LABEL_ATTEMPT, LABEL_TOOL = "launch_run_id", "launch_attempt", "launched_by"
-#: A Google Cloud region (us-central1, europe-west4, northamerica-northeast1): it becomes part of
-#: the API's host name (REGION-aiplatform.googleapis.com), so nothing else may pass.
-REGION = re.compile(r"[a-z]+(?:-[a-z]+)+[0-9]{1,2}")
-REGION_SHAPE = ("lowercase words joined by hyphens and ending in a number, like us-central1 or "
-                "europe-west4")
-JOB_NAME = re.compile(r"^projects/([^/]+)/locations/([a-z]+(?:-[a-z]+)+[0-9]{1,2})/customJobs/"
-                      r"([0-9]+)$")
-#: Entries read from Cloud Logging per request (entries.list answers 1000 at most); each read is
-#: one request, and the cursor carries on from there.
-LOG_PAGE_SIZE = _gcp.MAX_PAGE_SIZE
-#: Which of the failure classifier's findings the event channel asks Cloud Logging for: those that
-#: stop a job at once (memory failures, launcher/failures/_rules.py) and the templates' own oom
-#: and done lines. Other failures (NCCL errors, timeouts, tracebacks) end a job by themselves and
-#: their needles ("error", "exception") would bring a chatty job's every warning along; the full
-#: stream carries them to the diagnosis.
-EVENT_CATEGORIES = frozenset({"oom", "event", "done"})
-#: Where a replica's output is in its log entry (the reader takes both).
-EVENT_FIELDS = ("textPayload", "jsonPayload.message")
-BUCKET_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]$")
-
-#: Runs on every node as ``python3 -c BOOTSTRAP <torchrun args>``: fetch the staged archives,
-#: find this node's rank, exec torchrun. Python 3.8+ and the standard library only (plus
-#: google-cloud-storage when /gcs is not mounted), so it runs in the prebuilt images and in most
-#: users' own.
-BOOTSTRAP = '''\
-import hashlib, io, json, os, re, sys, tarfile, tempfile
-
-def unpack(uri, data):
-    """Extract an archive after checking it is the one the job was created with: its name
-    carries the hash of its files (names, modes, contents), and the bucket is writable by jobs."""
-    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
-        members = sorted(tar.getmembers(), key=lambda m: m.name)
-        digest = hashlib.sha256()
-        for m in members:
-            if not m.isfile():
-                sys.exit("launch: %s holds %s, which is not a plain file" % (uri, m.name))
-            body = hashlib.sha256(tar.extractfile(m).read()).hexdigest()
-            mode = "x" if m.mode & 0o100 else "-"
-            digest.update(("%s\\0%s\\0%s\\n" % (m.name, mode, body)).encode())
-        want = re.search(r"-([0-9a-f]{32})[.]tar[.]gz$", uri)
-        if want is None or digest.hexdigest()[:32] != want.group(1):
-            sys.exit("launch: %s is not the archive this job was created with (changed in the "
-                     "bucket since it was staged)" % uri)
-        if hasattr(tarfile, "data_filter"):
-            tar.extraction_filter = tarfile.data_filter
-        tar.extractall()
-
-def fetch(uri):
-    bucket, _, name = uri[len("gs://"):].partition("/")
-    mounted = os.path.join("/gcs", bucket, name)
-    if os.path.isfile(mounted):  # Cloud Storage FUSE: Vertex AI mounts buckets under /gcs
-        with open(mounted, "rb") as f:
-            return f.read()
-    from google.cloud import storage
-    return storage.Client().bucket(bucket).blob(name).download_as_bytes()
-
-# -- run --
-os.chdir(tempfile.mkdtemp(prefix="launch-"))
-for uri in os.environ["LAUNCH_STAGED"].split():
-    unpack(uri, fetch(uri))
-
-spec = json.loads(os.environ.get("CLUSTER_SPEC") or "{}")
-pools = spec.get("cluster", {})
-task = spec.get("task", {})
-primary, workers = pools.get("workerpool0", []), pools.get("workerpool1", [])
-nodes = len(primary) + len(workers) if primary else int(os.environ.get("WORLD_SIZE", "1"))
-if nodes > 1 and primary:
-    host, _, port = primary[0].rpartition(":")
-    rank = 0 if task.get("type") == "workerpool0" else 1 + int(task.get("index", 0))
-    port = os.environ.get("MASTER_PORT") or port
-elif nodes > 1:
-    host, port = os.environ["MASTER_ADDR"], os.environ.get("MASTER_PORT", "29500")
-    rank = int(os.environ["RANK"])
-if nodes > 1:
-    where = ["--nnodes", str(nodes), "--node_rank", str(rank),
-             "--master_addr", host, "--master_port", str(port)]
-else:
-    rank, where = 0, ["--standalone", "--nnodes", "1"]
-argv = [sys.executable, "-m", "torch.distributed.run"] + where + sys.argv[1:]
-print("launch: node %d of %d in %s: %s" % (rank, nodes, os.getcwd(), " ".join(argv[3:])),
-      flush=True)
-os.execv(sys.executable, argv)
-'''
-
-#: Vertex AI job states -> the launcher's.
-STATES = {
-    "JOB_STATE_UNSPECIFIED": "pending", "JOB_STATE_QUEUED": "pending",
-    "JOB_STATE_PENDING": "pending", "JOB_STATE_RUNNING": "running",
-    "JOB_STATE_UPDATING": "running", "JOB_STATE_PAUSED": "running",
-    "JOB_STATE_SUCCEEDED": "succeeded", "JOB_STATE_FAILED": "failed",
-    "JOB_STATE_EXPIRED": "failed", "JOB_STATE_PARTIALLY_SUCCEEDED": "failed",
-    "JOB_STATE_CANCELLING": "cancelled", "JOB_STATE_CANCELLED": "cancelled",
-}
-
-#: Short GPU names accepted in ``MACHINE+GPUxCOUNT`` -> Vertex AI's AcceleratorType.
-ACCELERATORS = {
-    "t4": "NVIDIA_TESLA_T4", "v100": "NVIDIA_TESLA_V100", "p100": "NVIDIA_TESLA_P100",
-    "p4": "NVIDIA_TESLA_P4", "k80": "NVIDIA_TESLA_K80", "l4": "NVIDIA_L4",
-    "a100": "NVIDIA_TESLA_A100", "a100-40gb": "NVIDIA_TESLA_A100",
-    "a100-80gb": "NVIDIA_A100_80GB", "h100": "NVIDIA_H100_80GB",
-    "h100-80gb": "NVIDIA_H100_80GB", "h100-mega": "NVIDIA_H100_MEGA_80GB",
-    "h200": "NVIDIA_H200_141GB", "b200": "NVIDIA_B200",
-}
-#: GPUs that attach to N1 machine types (the other GPU families come built into theirs).
-N1_ACCELERATORS = ("NVIDIA_TESLA_T4", "NVIDIA_TESLA_V100", "NVIDIA_TESLA_P100",
-                   "NVIDIA_TESLA_P4", "NVIDIA_TESLA_K80")
-N1_COUNTS = (1, 2, 4, 8)
+#: Vertex AI's ways of saying it had no machines to give (Compute Engine's stockouts), or took
+#: them away: the same plan is worth another attempt (:meth:`VertexProvider.lost_capacity`).
+CAPACITY_PATTERNS = ("insufficient capacity", "resources are insufficient",
+                     "does not have enough resources", "ZONE_RESOURCE_POOL_EXHAUSTED", "stockout")
 
 
-@dataclass(frozen=True)
-class Timing:
-    """How often to ask, how long to wait. Production defaults; tests set them near zero through
-    ``LAUNCH_VERTEX_<FIELD>`` environment variables (``LAUNCH_VERTEX_POLL_S=0`` ...)."""
-
-    #: Least time between two get_custom_job calls for one job (the supervisor loops every 0.2 s).
-    poll_s: float = 5.0
-    #: Least time between two reads of a job's full log once it has caught up (a read that
-    #: found the end); while more is waiting, the read quota alone paces it.
-    log_poll_s: float = 3.0
-    #: Least time between two reads of a job's event channel: an out-of-memory line is seen at
-    #: most this long (and the query's time) after Cloud Logging shows it. At most half the read
-    #: quota goes to the channel, whatever this says.
-    event_poll_s: float = 2.0
-    #: entries.list requests a minute this process sends to one project at most: Cloud Logging's
-    #: default read quota is 60, shared by everyone reading the project's logs (lower it when
-    #: others read them while jobs run, raise it with the quota). Not seconds.
-    log_reads_per_min: float = _gcp.READS_PER_MINUTE
-    #: After a job ends, how long its log is still read for entries Cloud Logging has yet to show.
-    log_settle_s: float = 20.0
-    #: How far back each read starts before the newest entry already read (late entries).
-    log_overlap_s: float = 30.0
-    #: Each create / get / cancel / list call.
-    rpc_timeout_s: float = 30.0
-    #: Backoff of retried calls: the first wait, and the most time spent retrying one call.
-    retry_initial_s: float = 1.0
-    retry_deadline_s: float = 120.0
-    #: Reading a job's state (`launch status`, the supervisor's poll): each try, and all tries
-    #: together. An endpoint that takes the connection and never answers is one line within
-    #: about deadline + timeout (12 s); a follower keeps the last state meanwhile, for at most
-    #: ``retry_deadline_s`` since the last answer.
-    status_timeout_s: float = 4.0
-    status_deadline_s: float = 8.0
-
-    @classmethod
-    def from_environ(cls, environ: dict[str, str]) -> Timing:
-        values: dict[str, float] = {}
-        for f in fields(cls):
-            raw = environ.get(f"LAUNCH_VERTEX_{f.name.upper()}")
-            if raw:
-                try:
-                    values[f.name] = float(raw)
-                except ValueError:
-                    raise UsageError(f"LAUNCH_VERTEX_{f.name.upper()}={raw!r} is not a number"
-                                     ) from None
-        return cls(**values)
+def bootstrap_source() -> str:
+    """What runs on every node as ``python3 -c BOOTSTRAP <torchrun args>``: fetch the staged
+    archives, find this node's rank, exec torchrun (``bootstrap.py`` of this package, shipped as
+    package data, without its first line: a note for the linter). Python 3.8+ and the standard
+    library only (plus google-cloud-storage when /gcs is not mounted), so it runs in the prebuilt
+    images and in most users' own."""
+    text = resources.files(__package__).joinpath("bootstrap.py").read_text(encoding="utf-8")
+    return text.split("\n", 1)[1] if text.startswith("# ruff: noqa") else text
 
 
-@dataclass(frozen=True)
-class MachineSpec:
-    machine_type: str
-    accelerator_type: str | None
-    accelerator_count: int
-
-    def to_dict(self) -> dict[str, Any]:
-        spec: dict[str, Any] = {"machineType": self.machine_type}
-        if self.accelerator_type:
-            spec["acceleratorType"] = self.accelerator_type
-            spec["acceleratorCount"] = self.accelerator_count
-        return spec
+BOOTSTRAP = bootstrap_source()
 
 
 @dataclass(frozen=True)
@@ -253,14 +111,18 @@ class VertexRequest:
         return data
 
 
-class VertexProvider(Provider):
+class VertexProvider(VertexLogs, Provider):
     name: ClassVar[str] = "vertex"
+    has_doctor: ClassVar[bool] = True
+    capacity_patterns: ClassVar[tuple[str, ...]] = CAPACITY_PATTERNS
 
     def __init__(self, *, project: str, region: str, bucket: str | None = None,
                  prefix: str = DEFAULT_PREFIX, service_account: str | None = None,
                  spot: bool = False, image: str | None = None,
                  timeout_s: int = DEFAULT_TIMEOUT_S, environ: dict[str, str] | None = None,
-                 timing: Timing | None = None):
+                 timing: Timing | None = None, credentials: Any = None):
+        """``credentials``: found already (``launch doctor`` looks them up within a deadline);
+        None: application-default credentials, looked up at the first call that needs them."""
         self.project = project
         self.region = check_region(region)
         self.bucket = bucket
@@ -274,7 +136,7 @@ class VertexProvider(Provider):
         self.vertex_endpoint = _gcp.parse_endpoint(self.environ.get("LAUNCH_VERTEX_ENDPOINT"))
         self.logging_endpoint = _gcp.parse_endpoint(self.environ.get("LAUNCH_LOGGING_ENDPOINT"))
         self.storage_emulator = self.environ.get("STORAGE_EMULATOR_HOST")
-        self._credentials: Any = None
+        self._credentials: Any = credentials
         self._job_clients: dict[str, Any] = {}
         self._log_reader: Any = None
         self._storage: Any = None
@@ -327,6 +189,15 @@ class VertexProvider(Provider):
     @property
     def parent(self) -> str:
         return f"projects/{self.project}/locations/{self.region}"
+
+    @classmethod
+    def doctor_checks(cls, settings: Mapping[str, Any], environ: Mapping[str, str]
+                      ) -> list[Check]:
+        """Credentials, project, region, bucket, service account, custom jobs, logs and GPU
+        quota (launcher/providers/vertex/doctor.py), through this provider's own clients."""
+        from launcher.providers.vertex.doctor import doctor_checks
+
+        return doctor_checks(settings, environ, cls)
 
     # -- the request -------------------------------------------------------------------------
 
@@ -448,7 +319,7 @@ class VertexProvider(Provider):
     def _stage(self, archives: tuple[_gcp.StagedArchive, ...]) -> None:
         bucket = self.bucket or ""
         with _gcp.translating(f"staging the code to gs://{bucket}"):
-            client = self._storage_client()
+            client = self.storage_client()
             if client.lookup_bucket(bucket, timeout=self.timing.rpc_timeout_s) is None:
                 raise ProviderError(
                     f"the bucket gs://{bucket} does not exist",
@@ -479,7 +350,7 @@ class VertexProvider(Provider):
                                             timeout=self.timing.rpc_timeout_s)
 
         with _gcp.translating("creating the Vertex AI custom job"):
-            client = self._job_client(self.region)
+            client = self.job_client(self.region)
             return _gcp.call_with(self._retry(reads=False), once)
 
     def adopt(self, run_id: str, attempt: int, attempt_dir: Path) -> str | None:
@@ -492,7 +363,7 @@ class VertexProvider(Provider):
     def _find(self, parent: str, labels: dict[str, str]) -> Any:
         """The job this run and attempt already created, if any (the newest)."""
         query = " AND ".join(f'labels.{key}="{labels[key]}"' for key in (LABEL_RUN, LABEL_ATTEMPT))
-        pager = self._job_client(self.region).list_custom_jobs(
+        pager = self.job_client(self.region).list_custom_jobs(
             request={"parent": parent, "filter": query}, retry=self._retry(reads=True),
             timeout=self.timing.rpc_timeout_s)
         found = list(pager)
@@ -526,7 +397,7 @@ class VertexProvider(Provider):
         started = time.monotonic()
         with _gcp.translating(f"reading the Vertex AI job {job_id}"):
             try:
-                job = self._job_client(location).get_custom_job(
+                job = self.job_client(location).get_custom_job(
                     name=job_id, retry=_gcp.retry_policy(
                         reads=True, initial=self.timing.retry_initial_s,
                         deadline=self.timing.status_deadline_s),
@@ -546,153 +417,6 @@ class VertexProvider(Provider):
         self._jobs[job_id] = (time.monotonic(), job)
         return job
 
-    def logs(self, job_id: str, cursor: Any = None) -> tuple[list[str], dict[str, Any]]:
-        """New lines since ``cursor``: state changes, the replicas' output, and at the end the
-        job's error; one page (one entries.list request) a call at most.
-
-        While the job runs, a read is made only when it is due: the read quota's share for the
-        full stream (:class:`_gcp.ReadQuota`), ``log_poll_s`` once the log has been read to its
-        end, and any backoff after RESOURCE_EXHAUSTED; otherwise nothing is read and the call
-        returns at once, so a supervisor reading the event channel every poll is never held up
-        by the log. After the job ends a read waits for its turn instead, and the log is read
-        until ``log_settle_s`` has passed since the end with nothing new (Cloud Logging shows
-        entries seconds after they are written), so a follower that stops at the first empty
-        answer after a terminal state loses nothing."""
-        job = self._get(job_id)
-        terminal = STATES.get(job.state.name) in ("succeeded", "failed", "cancelled")
-        peek = _peek(cursor)
-        if (not terminal and peek.get("state") == job.state.name and job_id not in self._notes
-                and self._log_wait_s(job_id, bool(peek.get("behind"))) > 0):
-            return [], peek  # nothing due: the cursor as it was (no copy of its insertIds)
-        state = LogCursor.load(cursor)
-        lines = self._state_lines(job_id, job, state) + self._notes.pop(job_id, [])
-        if state.finished:
-            return lines, state.to_json()
-        if not terminal:
-            if self._log_wait_s(job_id, state.behind) <= 0:
-                records = self._read(job_id, job, state, wait=False)
-                lines += [line for record in records or () for line in _gcp.record_lines(record)]
-            return lines, state.to_json()
-        records = self._read(job_id, job, state, wait=True) or []
-        ended = _utc(job.end_time) or _utc(job.update_time) or datetime.now(UTC)
-        settle = self.timing.log_settle_s
-        while not records and (datetime.now(UTC) - ended).total_seconds() < settle:
-            time.sleep(max(0.05, min(self.timing.log_poll_s, settle)))
-            job = self._get(job_id)  # CANCELLING becomes CANCELLED meanwhile
-            records = self._read(job_id, job, state, wait=True) or []
-        lines += [line for record in records for line in _gcp.record_lines(record)]
-        if not records:
-            # Ended, and nothing new for the whole settling time: say how it ended, once.
-            state.finished, state.state = True, job.state.name
-            number = parse_job_name(job_id)[2]
-            lines.append(f"[vertex] job {number} ended: {job.state.name}")
-            if job.error and job.error.message:
-                lines.append(f"[vertex] job {number} error: {job.error.message}")
-        return lines, state.to_json()
-
-    def events(self, job_id: str, cursor: Any = None) -> tuple[list[str], Any]:
-        """The lines of the job's log that hold a template event (``{"launch": ...}``) or an
-        out-of-memory needle of the failure classifier, found by Cloud Logging itself (the
-        query of :func:`event_query`): a few lines however much the job writes, so an OOM
-        is seen within ``event_poll_s`` of Cloud Logging showing it even while the full stream
-        trails by minutes. Read while the job runs; the cursor is the stream's kind, with its
-        own position. The same lines come again in the full stream, which stays the record
-        (``launch logs`` shows each line once); the job's state stays the last word."""
-        if job_id in self._events_off:
-            return [], cursor
-        job = self._get(job_id)
-        quota = self._quota()
-        if STATES.get(job.state.name) != "running":
-            if STATES.get(job.state.name) in ("succeeded", "failed", "cancelled"):
-                quota.forget(job_id)  # its share of the quota goes back to the stream
-            return [], cursor
-        backoff = self._backoff(job_id, "events")
-        if quota.wait_s("events", job_id) > 0 or backoff.wait_s() > 0:
-            return [], cursor
-        from google.api_core import exceptions as gexc
-
-        state = LogCursor.load(cursor)
-        number = parse_job_name(job_id)[2]
-        created = (_utc(job.create_time) or datetime.now(UTC)) - timedelta(minutes=1)
-        query = event_query(number, state.lower_bound(created, self.timing.log_overlap_s))
-        sent = datetime.now(UTC)
-        with _gcp.translating(f"reading the event channel of Vertex AI job {number}"):
-            try:
-                records, more = self._logs_reader().page(
-                    query, LOG_PAGE_SIZE, before=lambda: quota.spend("events", job_id))
-            except (gexc.InvalidArgument, gexc.BadRequest) as exc:
-                # The query was refused: the full stream still carries every line.
-                self._events_off.add(job_id)
-                quota.forget(job_id)
-                why = (str(getattr(exc, "message", "") or exc).strip().splitlines() or [""])[0]
-                self._notes.setdefault(job_id, []).append(
-                    f"[vertex] the event channel's query was refused ({why}); out-of-memory "
-                    "errors are found in the full log only, as it is read")
-                return [], cursor
-            except Exception as exc:  # transient: try again later; anything else is raised
-                backoff.failed(exc)
-                return [], state.to_json()
-        backoff.succeeded()
-        fresh = state.accept(records, self.timing.log_overlap_s, cut=more, sent_at=sent)
-        return [line for record in fresh for line in _gcp.record_lines(record)], state.to_json()
-
-    def behind(self, job_id: str, cursor: Any) -> float | None:
-        """Seconds between now and the newest entry the full stream has read, while its last
-        read was a full page with more waiting; None once a read found the end."""
-        peek = _peek(cursor)
-        if peek.get("finished"):
-            return None
-        return LogCursor(since=peek.get("since"), behind=bool(peek.get("behind"))).lag_s()
-
-    def _state_lines(self, job_id: str, job: Any, state: LogCursor) -> list[str]:
-        """A line when the job's state changed since this follower last looked: progress."""
-        name = job.state.name
-        if state.state == name:
-            return []
-        before, state.state = state.state, name
-        number = parse_job_name(job_id)[2]
-        if before is None:
-            return [f"[vertex] job {number}: {name} ({console_url(job_id, self.project)})"]
-        return [f"[vertex] job {number}: {before} -> {name}"]
-
-    def _log_wait_s(self, job_id: str, behind: bool) -> float:
-        """Seconds until the full stream may be read again while the job runs."""
-        wait = max(self._quota().wait_s("log"), self._backoff(job_id, "log").wait_s())
-        if not behind:
-            last = self._last_read.get(job_id, float("-inf"))
-            wait = max(wait, last + self.timing.log_poll_s - time.monotonic())
-        return wait
-
-    def _read(self, job_id: str, job: Any, state: LogCursor, *, wait: bool
-              ) -> list[_gcp.LogRecord] | None:
-        """One page of the full stream after ``state``. ``wait``: wait for the quota's turn and
-        retry failures here (the job has ended); else a failure that may pass (RESOURCE_EXHAUSTED,
-        UNAVAILABLE) sets the stream's backoff and the answer is None."""
-        number = parse_job_name(job_id)[2]
-        # The first read starts at the job's creation (less a minute for clock skew); Cloud
-        # Logging would otherwise search the project's whole retention.
-        created = (_utc(job.create_time) or datetime.now(UTC)) - timedelta(minutes=1)
-        lower = state.lower_bound(created, self.timing.log_overlap_s)
-        query = (f'resource.type="ml_job" AND resource.labels.job_id="{number}" '
-                 f'AND timestamp>="{_gcp.rfc3339(lower)}"')
-        quota, backoff = self._quota(), self._backoff(job_id, "log")
-        with _gcp.translating(f"reading the log of Vertex AI job {number}"):
-            if wait:
-                time.sleep(backoff.wait_s())
-                records, more = self._logs_reader().page(
-                    query, LOG_PAGE_SIZE, before=lambda: quota.acquire("log"),
-                    retry=self._retry(reads=True))
-            else:
-                try:
-                    records, more = self._logs_reader().page(
-                        query, LOG_PAGE_SIZE, before=lambda: quota.spend("log"))
-                except Exception as exc:  # transient: try again later; anything else is raised
-                    backoff.failed(exc)
-                    return None
-        backoff.succeeded()
-        self._last_read[job_id] = time.monotonic()
-        return state.accept(records, self.timing.log_overlap_s, cut=more)
-
     def stop(self, job_id: str) -> None:
         """cancel_custom_job; a job that has already ended is left as it is."""
         from google.api_core import exceptions as gexc
@@ -700,7 +424,7 @@ class VertexProvider(Provider):
         _project, location, _number = parse_job_name(job_id)
         with _gcp.translating(f"cancelling the Vertex AI job {job_id}"):
             try:
-                self._job_client(location).cancel_custom_job(
+                self.job_client(location).cancel_custom_job(
                     name=job_id, retry=self._retry(reads=True),
                     timeout=self.timing.rpc_timeout_s)
             except (gexc.FailedPrecondition, gexc.BadRequest):
@@ -719,7 +443,7 @@ class VertexProvider(Provider):
             self._credentials = _gcp.load_credentials(self.environ, anonymous=False)
         return self._credentials
 
-    def _job_client(self, location: str) -> Any:
+    def job_client(self, location: str) -> Any:
         client = self._job_clients.get(location)
         if client is not None:
             return client
@@ -763,7 +487,7 @@ class VertexProvider(Provider):
                 self.timing.retry_initial_s, self.timing.retry_deadline_s)
         return backoff
 
-    def _logs_reader(self) -> _gcp.LogReader:
+    def logs_reader(self) -> _gcp.LogReader:
         if self._log_reader is None:
             endpoint = self.logging_endpoint
             self._log_reader = _gcp.LogReader(
@@ -773,7 +497,7 @@ class VertexProvider(Provider):
                 self.timing.rpc_timeout_s)
         return self._log_reader
 
-    def _storage_client(self) -> Any:
+    def storage_client(self) -> Any:
         if self._storage is None:
             from google.cloud import storage
 
@@ -790,145 +514,6 @@ class VertexProvider(Provider):
 
 
 # -- helpers -----------------------------------------------------------------------------------
-
-def machine_spec(machine: str, gpus_per_node: int) -> MachineSpec:
-    """The machineSpec of a plan's machine: a catalog name (``a2-ultragpu-8g``,
-    ``n1-standard-8+t4x1``), or ``MACHINE_TYPE+GPUxCOUNT`` for a combination the catalog does not
-    list, checked against what the machine type can take."""
-    from launcher.plan.catalog import load_catalog
-
-    catalog = load_catalog("vertex")
-    if machine in catalog:
-        row = catalog.get(machine)
-        spec = MachineSpec(row.machine_type or row.name, row.accelerator_type, row.gpu_count)
-    else:
-        spec = _parse_machine(machine)
-        _check_accelerator(spec, catalog)
-    if spec.accelerator_type and gpus_per_node > spec.accelerator_count:
-        raise UsageError(f"{machine} has {spec.accelerator_count} GPU(s), the plan runs "
-                         f"{gpus_per_node} processes per node",
-                         "pass --gpus-per-node at most the machine's GPU count")
-    return spec
-
-
-def _parse_machine(machine: str) -> MachineSpec:
-    machine_type, plus, gpus = machine.strip().partition("+")
-    if not plus:
-        return MachineSpec(machine_type, None, 0)
-    match = re.fullmatch(r"(.+?)x(\d+)", gpus)
-    if match is None:
-        raise UsageError(f"cannot read the GPUs of machine {machine!r}",
-                         "write MACHINE_TYPE+GPUxCOUNT, e.g. n1-standard-8+t4x1")
-    name, count = match.group(1), int(match.group(2))
-    accelerator = ACCELERATORS.get(name.lower(), name.upper())
-    return MachineSpec(machine_type, accelerator, count)
-
-
-def _check_accelerator(spec: MachineSpec, catalog: Any) -> None:
-    """Refuse what Vertex AI would refuse anyway, minutes later and in less plain words."""
-    from google.cloud.aiplatform_v1.types import AcceleratorType
-
-    fixed = {(m.accelerator_type, m.gpu_count) for m in catalog
-             if (m.machine_type or m.name) == spec.machine_type}
-    family = spec.machine_type.split("-")[0]
-    if spec.accelerator_type is None:
-        if fixed and all(acc for acc, _ in fixed):
-            acc, count = sorted(fixed, key=str)[0]
-            raise UsageError(f"machine type {spec.machine_type} comes with {count} x {acc}",
-                             f"use the catalog name {spec.machine_type}")
-        return
-    if spec.accelerator_type not in AcceleratorType.__members__:
-        raise UsageError(f"unknown accelerator type {spec.accelerator_type!r}",
-                         f"use one of {', '.join(sorted(set(ACCELERATORS)))}, or a Vertex AI "
-                         "AcceleratorType name")
-    if family == "n1":
-        if spec.accelerator_type not in N1_ACCELERATORS:
-            raise UsageError(
-                f"machine type {spec.machine_type} cannot take {spec.accelerator_type}",
-                f"N1 machines take {', '.join(N1_ACCELERATORS)}; "
-                "`launch machines --provider vertex` lists the combinations")
-        if spec.accelerator_count not in N1_COUNTS:
-            raise UsageError(f"{spec.accelerator_count} GPUs cannot attach to an N1 machine",
-                             f"attach {', '.join(map(str, N1_COUNTS))} GPUs")
-        return
-    if fixed:
-        if (spec.accelerator_type, spec.accelerator_count) not in fixed:
-            acc, count = sorted(fixed, key=str)[0]
-            raise UsageError(
-                f"machine type {spec.machine_type} cannot take {spec.accelerator_count} x "
-                f"{spec.accelerator_type}; it comes with {count} x {acc}",
-                f"use the catalog name {spec.machine_type}")
-        return
-    raise UsageError(
-        f"machine type {spec.machine_type} cannot take {spec.accelerator_type}",
-        "GPUs attach to N1 machine types, or come built into A2, A3, A4 and G2 ones; "
-        "`launch machines --provider vertex` lists them")
-
-
-def parse_bucket(value: str) -> tuple[str, str]:
-    """``NAME`` or ``gs://NAME/PREFIX`` -> (name, prefix); the prefix defaults to ``launch``."""
-    text = value.strip().removeprefix("gs://").strip("/")
-    name, _, prefix = text.partition("/")
-    if not BUCKET_NAME.fullmatch(name) or ".." in name:
-        raise UsageError(f"{value!r} is not a Cloud Storage bucket name",
-                         "pass --bucket NAME or gs://NAME/PREFIX")
-    return name, prefix.strip("/") or DEFAULT_PREFIX
-
-
-def parse_duration(value: Any) -> int:
-    """``--timeout``: seconds, or a number with s, m, h or d, within what Vertex AI allows."""
-    return checked_duration(value, 60, DEFAULT_TIMEOUT_S, "Vertex AI",
-                            "between a minute and 7 days")
-
-
-def check_region(region: Any, source: str = "") -> str:
-    """``region`` when it is shaped like a Google Cloud region (else exit 2, naming it)."""
-    return checked_region(region, REGION, 40, "a Google Cloud region", REGION_SHAPE, source)
-
-
-def parse_job_name(job_id: str) -> tuple[str, str, str]:
-    """(project, location, numeric id) of ``projects/P/locations/L/customJobs/N``."""
-    match = JOB_NAME.fullmatch(job_id or "")
-    if match is None:
-        raise UsageError(f"{job_id!r} is not a Vertex AI custom job name",
-                         "expected projects/PROJECT/locations/REGION/customJobs/ID")
-    return match.group(1), match.group(2), match.group(3)
-
-
-@functools.cache
-def event_needles() -> tuple[str, ...]:
-    """What the event channel asks Cloud Logging for: the templates' event marker and the failure
-    classifier's needles of :data:`EVENT_CATEGORIES` (their one home, launcher/failures; in lower
-    case, which is no matter: the query language ignores case). A needle with a control
-    character (a tab before "oom") is left out: the full stream still brings such a line."""
-    from launcher.events import MARKER
-    from launcher.failures._anchors import needles_for
-
-    found = dict.fromkeys((MARKER, *needles_for(EVENT_CATEGORIES).needles))
-    return tuple(needle for needle in found if needle.isprintable())
-
-
-def event_query(number: str, lower: datetime) -> str:
-    """The event channel's query for job ``number`` from ``lower`` on: the full stream's
-    restriction, and a substring test of each needle on each field (:func:`_gcp.has_any`)."""
-    return (f'resource.type="ml_job" AND resource.labels.job_id="{number}" '
-            f'AND timestamp>="{_gcp.rfc3339(lower)}" '
-            f'AND {_gcp.has_any(EVENT_FIELDS, event_needles())}')
-
-
-def _peek(cursor: Any) -> dict[str, Any]:
-    """A cursor's fields without copying its insertIds (the supervisor asks every poll)."""
-    if not cursor:
-        return {}
-    return json.loads(cursor) if isinstance(cursor, str) else cursor
-
-
-def console_url(job_id: str, project: str) -> str:
-    _p, location, number = parse_job_name(job_id)
-    return (f"https://console.cloud.google.com/vertex-ai/locations/{location}/training/"
-            f"{number}/cpu?project={project}")
-
-
 def _rewrite_plan(text: str, job: Job, checkpoints: str) -> str:
     """plan.json as the job sees it on Vertex AI: the recipe (or script) under ``code/``, the
     checkpoints in the run's folder of the bucket. Local paths mean nothing on the node."""
@@ -960,14 +545,6 @@ def _geo(region: str) -> str:
     if region.startswith(("asia", "australia", "me-")):
         return "asia"
     return "us"
-
-
-def _utc(moment: Any) -> datetime | None:
-    if not moment:
-        return None
-    if isinstance(moment, datetime):
-        return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
-    return None
 
 
 def _write_json(path: Path, data: Any) -> None:

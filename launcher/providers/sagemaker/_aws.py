@@ -1,6 +1,6 @@
 """AWS plumbing for the SageMaker provider: sessions, clients, credentials, errors, image URIs.
 
-Kept apart from ``sagemaker.py`` so that the provider reads as SageMaker logic, and so that boto3
+Kept apart from ``provider.py`` so that the provider reads as SageMaker logic, and so that boto3
 (about half a second to import) is imported only inside these functions: `launch --help` and
 `launch plan` must not pay for it.
 

@@ -1,8 +1,11 @@
 """Google Cloud plumbing for the Vertex AI provider: endpoints, credentials, retries, errors,
 code staging to Cloud Storage and reading a job's entries from Cloud Logging.
 
-Kept apart from ``vertex.py`` so that the provider reads as "what is sent and when", and this
-module as "how one talks to Google Cloud and survives it". Every SDK import happens inside the
+Kept apart from ``provider.py`` so that the provider reads as "what is sent and when", and this
+module as "how one talks to Google Cloud and survives it". Over 600 lines on purpose: every part
+(endpoints, credentials, retry policy, error translation, staging archives, the read quota and
+backoff, the log reader and its cursor) is a small piece of that one job, each used by the
+others; split, they would import each other in a circle. Every SDK import happens inside the
 function that needs it: importing this module costs nothing, and `launch --help` stays instant.
 
 Endpoints can be pointed elsewhere (tests run the real client libraries against servers on

@@ -1,0 +1,398 @@
+"""What every provider does, the same way: one contract, run against each provider in the
+registry (local with real torchrun processes, Vertex AI and SageMaker against their loopback fakes
+driven by the real clients) and against a toy provider registered by the test
+(tests/providers/toy_provider.py), which shows that a new provider is a class and one registry
+entry.
+
+The contract: ``dryrun`` is pure and its request is what ``schedule`` takes (``submit`` is
+``schedule(dryrun(job))``); a job is followed to its end with ``poll`` and ``logs`` (a JSON
+cursor), by this provider or another one built from the same settings; ``stop`` cancels a
+running job and does nothing to an ended one; ``doctor_checks`` returns the checks `launch doctor`
+prints; ``lost_capacity`` knows the platform's own words for "no machines".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from launcher import providers
+from launcher.doctor import doctor_providers, run_doctor
+from launcher.plan.plan import Plan
+from launcher.providers.base import Job, Provider
+from launcher.providers.checks import Check
+from launcher.render import RenderedJob
+from launcher.spec import check_options
+from launcher.status import UsageError
+from tests.providers.toy_provider import ToyCloud, ToyProvider
+
+TOY = "tests.providers.toy_provider:ToyProvider"
+PROVIDERS = ("local", "vertex", "sagemaker", "toy")
+
+
+@dataclass
+class Harness:
+    """One provider under the contract: how to build it (through the registry), make a job, and
+    make the next job succeed or run until stopped."""
+
+    name: str
+    settings: dict[str, Any]
+    environ: dict[str, str] | None
+    job: Callable[[int], Job]
+    succeed: Callable[[], None]
+    hang: Callable[[], None]
+    doctor_settings: dict[str, Any] = field(default_factory=dict)
+
+    def provider(self) -> Provider:
+        return providers.get_provider(self.name, dict(self.settings), self.environ)
+
+
+def follow(provider: Provider, job_id: str, cursor: Any = None, lines: list[str] | None = None,
+           timeout: float = 90.0) -> tuple[list[str], Any, Any]:
+    """The supervisor's loop: poll, read, end at the first empty read after a terminal state."""
+    lines = [] if lines is None else lines
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status = provider.poll(job_id)
+        new, cursor = provider.logs(job_id, cursor)
+        json.dumps(cursor)  # a cursor is plain JSON: `launch attach` carries on from it
+        lines += new
+        if status.terminal and not new:
+            return lines, status, cursor
+        if not new:
+            time.sleep(0.02)
+    raise AssertionError(f"{job_id} did not end; read so far: {lines[-20:]}")
+
+
+def running(provider: Provider, job_id: str, timeout: float = 90.0) -> tuple[list[str], Any]:
+    """Poll and read until the job runs and has said something: (lines, cursor)."""
+    lines: list[str] = []
+    cursor = None
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status = provider.poll(job_id)
+        assert not status.terminal, (status, lines)
+        new, cursor = provider.logs(job_id, cursor)
+        lines += new
+        if status.state == "running" and lines:
+            return lines, cursor
+        time.sleep(0.02)
+    raise AssertionError(f"{job_id} did not start; read so far: {lines[-20:]}")
+
+
+# -- the providers -------------------------------------------------------------------------------
+
+
+@pytest.fixture(autouse=True)
+def toy_registered(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The toy's one registry entry, for the test only."""
+    monkeypatch.setitem(providers.REGISTRY, "toy", TOY)
+
+
+@pytest.fixture
+def local_harness(tmp_path: Path) -> Harness:
+    scripts = {"source": ""}
+    ok = 'print("hello from the local job", flush=True)\n'
+    hang = 'import time\nprint("started", flush=True)\ntime.sleep(600)\n'
+
+    def job(attempt: int) -> Job:
+        code = tmp_path / "code"
+        code.mkdir(exist_ok=True)
+        (code / "script.py").write_text(textwrap.dedent(scripts["source"] or ok))
+        run = tmp_path / "run"
+        attempt_dir = run / f"attempt-{attempt}"
+        (attempt_dir / "job").mkdir(parents=True, exist_ok=True)
+        plan = Plan(strategy="single", machine="local-cpu", nodes=1, gpus_per_node=1,
+                    micro_batch_size=2, grad_accum_steps=1, global_batch_size=2,
+                    precision="fp32", optimizer="adamw", activation_checkpointing=False,
+                    steps=1, lr=0.1)
+        rendered = RenderedJob(files={}, entrypoint="script.py", env={"LAUNCH_STEPS": "1"})
+        return Job(run_id="contract", attempt=attempt, plan=plan, rendered=rendered,
+                   job_dir=attempt_dir / "job", attempt_dir=attempt_dir,
+                   checkpoint_dir=run / "checkpoints", code_dir=code)
+
+    return Harness("local", {"python": sys.executable}, None, job,
+                   succeed=lambda: scripts.update(source=ok),
+                   hang=lambda: scripts.update(source=hang))
+
+
+@pytest.fixture(scope="module")
+def storage_emulator() -> Any:
+    pytest.importorskip("google.cloud.aiplatform_v1")
+    pytest.importorskip("gcp_storage_emulator")
+    from gcp_storage_emulator.server import create_server
+
+    from tests.providers.test_vertex import _free_port
+
+    port = _free_port()
+    server = create_server("127.0.0.1", port, in_memory=True)
+    server.start()
+    yield f"http://127.0.0.1:{port}"
+    server.stop()
+
+
+@pytest.fixture
+def vertex_harness(storage_emulator: str, tmp_path: Path) -> Any:
+    import uuid
+
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import storage as gcs
+
+    from tests.fakes.vertex_server import FakeVertex, finish, log, state, wait_cancel
+    from tests.providers.test_vertex import PROJECT, REGION, make_job, vertex_env
+
+    bucket = f"launch-contract-{uuid.uuid4().hex[:8]}"
+    gcs.Client(project=PROJECT, credentials=AnonymousCredentials(),
+               client_options={"api_endpoint": storage_emulator}).create_bucket(bucket)
+    with FakeVertex(project=PROJECT, storage_host=storage_emulator,
+                    mount_root=tmp_path / "gcs-mount", read_quota=None) as fake:
+        yield Harness(
+            "vertex", {"project": PROJECT, "region": REGION, "bucket": bucket},
+            vertex_env(fake, storage_emulator),
+            lambda attempt: make_job(tmp_path, attempt=attempt),
+            succeed=lambda: fake.script(
+                state("JOB_STATE_RUNNING", 0.05), log("workerpool0-0", "hello from vertex"),
+                finish("JOB_STATE_SUCCEEDED", delay=0.05)),
+            hang=lambda: fake.script(state("JOB_STATE_RUNNING"),
+                                     wait_cancel(60, "not cancelled")),
+            doctor_settings={"project": PROJECT, "region": REGION, "bucket": bucket})
+
+
+@pytest.fixture(scope="module")
+def moto() -> Any:
+    pytest.importorskip("boto3")
+    pytest.importorskip("moto")
+    from tests.fakes.sagemaker_server import moto_client, start_moto
+    from tests.providers.test_sagemaker import BUCKET
+
+    # moto's servers in one process share their state: what another module's server made is
+    # here already, and what this one makes is reset when it is done.
+    server, endpoint = start_moto()
+    s3, iam = moto_client("s3", endpoint), moto_client("iam", endpoint)
+    with contextlib.suppress(s3.exceptions.BucketAlreadyOwnedByYou):
+        s3.create_bucket(Bucket=BUCKET)
+    with contextlib.suppress(iam.exceptions.EntityAlreadyExistsException):
+        iam.create_role(RoleName="SageMakerRole", AssumeRolePolicyDocument="{}")
+    yield endpoint
+    import requests
+
+    requests.post(f"{endpoint}/moto-api/reset", timeout=30)
+    server.stop()
+
+
+@pytest.fixture
+def sagemaker_harness(moto: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    from tests.fakes.sagemaker_server import (
+        CloudWatchProxy,
+        FakeSageMaker,
+        isolated_aws_env,
+        runs_until_stopped,
+        success,
+    )
+    from tests.providers.test_sagemaker import BUCKET, ROLE, make_job
+
+    (tmp_path / "fake").mkdir()
+    fake = FakeSageMaker(moto, tmp_path / "fake")
+    fake.start()
+    cloudwatch = CloudWatchProxy(moto)
+    environ = isolated_aws_env(
+        monkeypatch, tmp_path, AWS_ACCESS_KEY_ID="testing",
+        AWS_SECRET_ACCESS_KEY="testing-secret-value", AWS_ENDPOINT_URL=moto,
+        AWS_ENDPOINT_URL_SAGEMAKER=fake.url, AWS_ENDPOINT_URL_LOGS=cloudwatch.url)
+    settings = {"bucket": BUCKET, "role": ROLE, "region": "us-east-1", "api_interval_s": 0,
+                "log_settle_s": 0.05, "aws_max_attempts": 4}
+    yield Harness("sagemaker", settings, environ,
+                  lambda attempt: make_job(tmp_path, attempt=attempt),
+                  succeed=lambda: fake.push(success(steps=1)),
+                  hang=lambda: fake.push(runs_until_stopped(60)),
+                  doctor_settings={"bucket": BUCKET, "role": ROLE, "region": "us-east-1"})
+    cloudwatch.close()
+    fake.close()
+
+
+@pytest.fixture
+def toy_harness(tmp_path: Path) -> Harness:
+    root = tmp_path / "toybox"
+    cloud = ToyCloud(root)
+    cloud.push()  # the box exists, empty
+
+    def job(attempt: int) -> Job:
+        plan = Plan(strategy="ddp", machine="toy-2", nodes=1, gpus_per_node=2,
+                    micro_batch_size=2, grad_accum_steps=1, global_batch_size=4,
+                    precision="fp32", optimizer="adamw", activation_checkpointing=False,
+                    steps=1, lr=0.1)
+        attempt_dir = tmp_path / "run" / f"attempt-{attempt}"
+        rendered = RenderedJob(files={"launch_train.py": "print()\n"},
+                               entrypoint="launch_train.py", env={"LAUNCH_STEPS": "1"})
+        return Job(run_id="contract", attempt=attempt, plan=plan, rendered=rendered,
+                   job_dir=attempt_dir / "job", attempt_dir=attempt_dir,
+                   checkpoint_dir=tmp_path / "run" / "checkpoints", code_dir=tmp_path)
+
+    return Harness("toy", {"toy_root": str(root)}, {}, job,
+                   succeed=lambda: cloud.push("success"), hang=lambda: cloud.push("hang"),
+                   doctor_settings={"toy_root": str(root)})
+
+
+@pytest.fixture(params=PROVIDERS)
+def harness(request: pytest.FixtureRequest) -> Harness:
+    found: Harness = request.getfixturevalue(f"{request.param}_harness")
+    return found
+
+
+# -- the contract ----------------------------------------------------------------------------------
+
+
+def test_the_registry_builds_it_by_name(harness: Harness) -> None:
+    cls = providers.provider_class(harness.name)
+    assert issubclass(cls, Provider) and cls.name == harness.name
+    assert type(harness.provider()) is cls
+    check_options({"provider": harness.name})  # `--provider NAME` is accepted: one list
+
+
+def test_dryrun_is_pure_and_submit_sends_exactly_it(harness: Harness,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    provider = harness.provider()
+    job = harness.job(1)
+    first, second = provider.dryrun(job), provider.dryrun(job)
+    shown = json.dumps(first.to_dict(), sort_keys=True)  # what `launch plan --json` shows
+    assert shown == json.dumps(second.to_dict(), sort_keys=True)
+    sent: list[Any] = []
+    monkeypatch.setattr(provider, "schedule", lambda request: sent.append(request) or "job-1")
+    request, job_id = provider.submit(job)
+    assert sent == [request] and job_id == "job-1"
+    assert json.dumps(request.to_dict(), sort_keys=True) == shown
+
+
+def test_a_scheduled_dry_run_is_followed_to_its_end(harness: Harness) -> None:
+    harness.succeed()
+    provider = harness.provider()
+    job_id = provider.schedule(provider.dryrun(harness.job(1)))
+    assert isinstance(job_id, str) and job_id
+    lines, status, _cursor = follow(provider, job_id)
+    assert status.state == "succeeded" and status.terminal
+    assert lines
+    provider.stop(job_id)  # an ended job: nothing to do
+    again = harness.provider()  # `launch status` builds it again from the run's settings
+    assert again.poll(job_id).state == "succeeded"
+    assert again.residue(job_id) == []
+    assert isinstance(again.events(job_id)[0], list)
+
+
+def test_stop_cancels_a_running_job_and_stopping_again_does_nothing(harness: Harness) -> None:
+    harness.hang()
+    provider = harness.provider()
+    _request, job_id = provider.submit(harness.job(1))
+    lines, cursor = running(provider, job_id)
+    provider.stop(job_id)
+    _lines, status, _cursor = follow(provider, job_id, cursor, lines)
+    assert status.state == "cancelled"
+    provider.stop(job_id)
+    assert provider.poll(job_id).state == "cancelled"
+
+
+def test_doctor_checks_are_the_doctors_report(harness: Harness) -> None:
+    cls = providers.provider_class(harness.name)
+    checks = cls.doctor_checks(harness.doctor_settings, harness.environ or {})
+    assert isinstance(checks, list) and all(isinstance(c, Check) for c in checks)
+    if not cls.has_doctor:
+        assert checks == [] and harness.name not in doctor_providers()
+        with pytest.raises(UsageError):
+            run_doctor(harness.name, harness.doctor_settings, harness.environ or {})
+        return
+    assert checks and all(c.status in ("ok", "warn", "fail", "skip") for c in checks)
+    assert len({c.name for c in checks}) == len(checks)
+    report = run_doctor(harness.name, harness.doctor_settings, harness.environ or {})
+    assert [c.name for c in report.checks] == [c.name for c in checks]
+
+
+def test_lost_capacity_is_the_platforms_own_words(harness: Harness) -> None:
+    provider = harness.provider()
+    for words in type(provider).capacity_patterns:
+        assert provider.lost_capacity(f"job failed: {words.upper()} (try later)")
+    assert not provider.lost_capacity("exit code: 1")
+    assert not provider.lost_capacity("")
+
+
+# -- what the providers own ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("name", "message", "lost"), [
+    ("sagemaker", "CapacityError: Unable to provision requested ML compute capacity", True),
+    ("sagemaker", "InsufficientInstanceCapacity: We currently do not have sufficient capacity",
+     True),
+    ("sagemaker", "AlgorithmError: ExecuteUserScriptError: exit code: 1", False),
+    ("vertex", "The zone does not have enough resources available to fulfill the request", True),
+    ("vertex", "ZONE_RESOURCE_POOL_EXHAUSTED", True),
+    ("vertex", "Resources are insufficient in region us-central1", True),
+    ("vertex", "a GPU stockout in us-central1-a", True),
+    ("vertex", "The replica workerpool0-0 exited with a non-zero status of 1", False),
+    ("local", "CapacityError", False),
+])
+def test_each_cloud_names_its_own_capacity_errors(name: str, message: str, lost: bool) -> None:
+    """The supervisor's "machines were taken away" test, in each provider's words."""
+    cls = providers.provider_class(name)
+    assert any(p.lower() in message.lower() for p in cls.capacity_patterns) is lost
+
+
+def test_one_registry_for_run_plan_and_doctor() -> None:
+    assert providers.names()[:3] == ("local", "vertex", "sagemaker")
+    assert doctor_providers() == ["vertex", "sagemaker", "toy"]
+    with pytest.raises(UsageError) as caught:
+        check_options({"provider": "nope"})
+    assert caught.value.hint == "choose one of local, vertex, sagemaker, toy"
+    with pytest.raises(UsageError) as unknown:
+        run_doctor("local", {}, {})
+    assert unknown.value.hint == ("pass --provider vertex or --provider sagemaker or "
+                                  "--provider toy")
+    assert isinstance(providers.get_provider("toy", {"toy_root": "/nowhere"}), ToyProvider)
+
+
+def test_the_registry_imports_no_provider_and_the_bootstraps_are_package_data() -> None:
+    code = textwrap.dedent("""
+        import sys
+        import launcher.doctor, launcher.providers, launcher.spec
+        loaded = [m for m in sys.modules if m.startswith(("launcher.providers.vertex",
+                  "launcher.providers.sagemaker", "launcher.providers.local", "google.cloud.",
+                  "google.api_core", "grpc",
+                  "boto3", "botocore"))]
+        assert not loaded, loaded
+        from importlib import resources
+        for package in ("launcher.providers.vertex", "launcher.providers.sagemaker"):
+            assert resources.files(package).joinpath("bootstrap.py").is_file()
+    """)
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_the_supervisor_resubmits_on_the_providers_own_no_capacity_words(
+        toy_harness: Harness, tmp_path: Path) -> None:
+    """The supervisor knows no cloud's error strings: the toy's "no toys left" is a lost machine
+    because the toy says so (``capacity_patterns``), and the same plan runs again."""
+    from launcher.runs import Run
+    from launcher.spec import Spec
+    from launcher.supervisor import Supervisor
+    from tests.conftest import TINY_RECIPE
+
+    ToyCloud(Path(toy_harness.settings["toy_root"])).push("no-capacity", "success")
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "train.py").write_text(textwrap.dedent(TINY_RECIPE))
+    spec = Spec(script=code / "train.py", mode="recipe", provider="toy", max_attempts=2)
+    run = Run.create(tmp_path / "state", "train", {"provider": "toy", "spec": spec.to_dict()})
+    notes: list[str] = []
+    supervisor = Supervisor(toy_harness.provider(), run, on_line=lambda line: None,
+                            on_note=notes.append, replan=None, poll_interval_s=0.0)
+    plan = toy_harness.job(1).plan
+    outcome = supervisor.launch(spec, plan)
+    assert [a.outcome for a in outcome.attempts][-1] == "success", (outcome.message, notes)
+    assert len(outcome.attempts) == 2
+    assert any("the machine was taken away" in note for note in notes)
