@@ -1,5 +1,9 @@
 """The `launch` command line: parse, call one function, print. No logic of its own.
 
+Each command parses its options, calls one method of ``launcher.runner.Runner`` (plan, run,
+attach, status, logs, cancel, explain, machines) or ``launcher.doctor``, prints the typed result
+as text or ``--json``, and maps errors to the exit status enum (``launcher.status``).
+
 Nothing heavy is imported at module level (no torch, no cloud SDK, not even rich): `launch --help`
 must answer at once. ``main(args, env)`` runs in-process, with an injectable environment, so tests
 drive the real CLI without a subprocess.
@@ -19,7 +23,8 @@ import click
 
 from launcher import __version__
 from launcher.context import Environment
-from launcher.status import BadValue, ExitStatus, LaunchError, UsageError
+from launcher.runner import RunInterrupted, Runner, RunResult
+from launcher.status import ExitStatus, LaunchError, UsageError
 
 # -- the command group: `launch SCRIPT` means `launch run SCRIPT` ------------------------------
 
@@ -76,6 +81,10 @@ PLAN_OPTIONS: list[Callable[..., Any]] = [
     click.option("--global-batch-size", type=int, help="Samples per optimizer step."),
     click.option("--precision", help="Pin the precision: fp32, bf16_mixed, bf16."),
     click.option("--optimizer", help="Pin the optimizer: adamw, sgd, adafactor, adam8bit."),
+    click.option("--optimizer-impl",
+                 help="How the script's optimizer steps: foreach (PyTorch's default on CUDA, "
+                      "a whole group at once) or for-loop (one parameter at a time: "
+                      "foreach=False, transformers' AdamW); sets its temporaries."),
     click.option("--activation-checkpointing/--no-activation-checkpointing", default=None,
                  help="Pin activation checkpointing of the wrap_modules() blocks."),
     click.option("--checkpointing",
@@ -207,99 +216,32 @@ def _env() -> Environment:
 # -- plan and run ------------------------------------------------------------------------------
 
 
-def _progress(env: Environment, quiet: bool, what: str) -> Any:
-    """A spinner on stderr while a multi-second step runs, for a person at a terminal only
-    (not with --json, not into a pipe or a CI log)."""
-    import contextlib
-
-    if quiet or not getattr(env.stderr, "isatty", lambda: False)():
-        return contextlib.nullcontext()
-    from launcher.report import console
-
-    return console(env.stderr).status(f"{what} ...", spinner="dots")
-
-
-def _plan(env: Environment, options: dict[str, Any], *, dry_run: bool = False, quiet: bool = False
-          ) -> tuple[Any, Any, Any, Any]:
-    """Script -> spec -> plan. A dry run may plan for a cloud whose adapter is not built yet."""
-    from launcher.preflight import preflight
-    from launcher.providers import PLANNED, REGISTRY, get_provider
-    from launcher.recipe import inspect_script
-    from launcher.spec import Config, build_spec, check_options
+def _plan_inputs(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    """The command's options with the config file's provider settings that are no option
+    (``s3_prefix``), and where each option came from: what ``Runner.plan`` takes."""
+    from launcher.spec import Config
 
     ctx = click.get_current_context()
     if isinstance(ctx.default_map, Config):  # provider settings that are no option: s3_prefix
         options = {**ctx.default_map.extras(p.name for p in ctx.command.params if p.name),
                    **options}
-    origins = _origins(ctx)
-    check_options({"provider": options.get("provider")}, origins)  # named where it came from
-    script = options["script"]
-    if script is None:  # `launch plan --params 7B`: sizing a model before its script exists
-        if options.get("params") is None and options.get("model_config") is None:
-            raise UsageError("give the training SCRIPT, or describe the model to size it",
-                             "launch plan train.py, or launch plan --params 7B "
-                             "(or --model-config config.json)")
-        script = NO_SCRIPT
-    options["script"] = script if script.is_absolute() else env.cwd / script
-    for key in ("model_config",):
-        if options.get(key) is not None and not options[key].is_absolute():
-            options[key] = env.cwd / options[key]
-    name = options.get("provider") or "local"
-    provider = None
-    provider_error = None
-    if not (dry_run and name in PLANNED and name not in REGISTRY):
-        try:
-            provider = get_provider(name, {**options, "python": env.python}, env.environ)
-        except LaunchError as exc:
-            # A dry run still plans (the catalogs need no account); only the request is lost.
-            # Not past a malformed value (a region that is no region): that is the user's to fix.
-            if not dry_run or name not in REGISTRY or isinstance(exc, BadValue):
-                raise
-            provider_error = str(exc)
-    check_options(options, origins)  # the provider's own checks first; then before any probe
-    tracing = _prestart_trace(env, options)
-    probe = None
-    if tracing:
-        from launcher.estimate.traced import probe
-    if options["script"].name == NO_SCRIPT.name:
-        from launcher.recipe import describe_only
-
-        info = describe_only(options["script"], python=env.python, env=env.environ,
-                             local=name == "local")
-    else:
-        info = inspect_script(options["script"], python=env.python, env=env.environ,
-                              local=name == "local", count_flops=not tracing, probe=probe)
-    spec = build_spec(options, info, origins)
-    with _progress(env, quiet, "estimating memory and planning"):
-        result = preflight(spec, info, env.state_dir, env.environ)
-    if provider_error:
-        result.notes.append(f"no {name} request: {provider_error}")
-    return spec, info, result, provider
+    return options, _origins(ctx)
 
 
-#: The script of a plan that has none (``launch plan --params 7B``): never a file.
-NO_SCRIPT = Path("(no script)")
+def _progress(env: Environment, quiet: bool) -> Callable[[str], Any]:
+    """A spinner on stderr while a multi-second step runs, for a person at a terminal only
+    (not with --json, not into a pipe or a CI log)."""
 
+    def progress(what: str) -> Any:
+        import contextlib
 
-def _prestart_trace(env: Environment, options: dict[str, Any]) -> bool:
-    """Start the estimator's trace child now if the plan will trace the recipe, so that its
-    torch import overlaps the recipe's loading (seconds off every traced preflight); say
-    whether it will (the trace then also counts the FLOPs the recipe probe would)."""
-    from launcher.recipe import classify
+        if quiet or not getattr(env.stderr, "isatty", lambda: False)():
+            return contextlib.nullcontext()
+        from launcher.report import console
 
-    if (env.environ.get("LAUNCH_NO_TRACE") == "1" or options.get("model_config") is not None
-            or options.get("params") is not None):
-        return False
-    try:
-        mode, _hooks = classify(options["script"])
-    except LaunchError:
-        return False  # inspect_script says what is wrong
-    if mode != "recipe":
-        return False
-    from launcher.estimate.traced import prestart
+        return console(env.stderr).status(f"{what} ...", spinner="dots")
 
-    prestart()
-    return True
+    return progress
 
 
 @cli.command("plan")
@@ -312,52 +254,16 @@ def plan_command(as_json: bool, debug: bool, report_path: Path | None, show_all:
                  **options: Any) -> None:
     """Dry run: estimate, choose a plan, show it. Starts nothing, spends nothing."""
     env = _env()
-    spec, _info, result, _provider = _plan(env, options, dry_run=True, quiet=as_json)
-    if report_path is not None:
-        from launcher.report import plan_html
-        from launcher.runs import atomic_write
-
-        path = report_path if report_path.is_absolute() else env.cwd / report_path
-        try:
-            atomic_write(path, plan_html(result, f"{spec.script.name} on {spec.provider}"))
-        except OSError as exc:
-            raise UsageError(f"cannot write {path}: {exc.strerror}") from None
-    request = _dry_request(env, spec, result, _provider)
+    planned = Runner(env).plan(*_plan_inputs(options), dry_run=True, report=report_path,
+                               progress=_progress(env, as_json))
     if as_json:
-        _print_json(env, {**result.to_dict(), "request": request})
+        _print_json(env, planned.to_dict())
     else:
         from launcher.report import console, print_plan
 
-        print_plan(console(env.stdout), result, show_all)
-    if result.status != ExitStatus.SUCCESS:
-        raise SystemExit(result.status)
-
-
-def _dry_request(env: Environment, spec: Any, result: Any, provider: Any) -> Any:
-    """The exact request a cloud provider would send for the chosen plan (torchx's dry run).
-
-    ``None`` for the local provider, when nothing fits, or when the request cannot be built
-    (a missing role or bucket): then a note says why, and the plan still stands.
-    """
-    from launcher.supervisor import build_job
-
-    if spec.provider == "local" or result.chosen is None:
-        return None
-    if spec.script.name == NO_SCRIPT.name:
-        result.notes.append(f"no {spec.provider} request: no script to render (give the "
-                            "SCRIPT to see the exact request)")
-        return None
-    if provider is None:
-        return None
-    run_path = env.state_dir / "runs" / "dry-run"
-    try:
-        job = build_job(spec, result.chosen, "dry-run", 1, run_path)
-        return provider.dryrun(job).to_dict()
-    except BadValue:
-        raise
-    except LaunchError as exc:
-        result.notes.append(f"no {spec.provider} request: {exc}")
-        return None
+        print_plan(console(env.stdout), planned.result, show_all)
+    if planned.result.status != ExitStatus.SUCCESS:
+        raise SystemExit(planned.result.status)
 
 
 @cli.command("run")
@@ -367,50 +273,21 @@ def _dry_request(env: Environment, spec: Any, result: Any, provider: Any) -> Any
 def run_command(as_json: bool, debug: bool, cancel_on_interrupt: bool, **options: Any) -> None:
     """Plan, render, submit and follow a training run (the default command)."""
     from launcher.report import console, print_plan
-    from launcher.runs import Run
-    from launcher.supervisor import Supervisor
 
     env = _env()
-    spec, _info, result, provider = _plan(env, options, quiet=as_json)
+    runner = Runner(env)
+    planned = runner.plan(*_plan_inputs(options), progress=_progress(env, as_json))
     out = console(env.stdout if not as_json else env.stderr)
     if not as_json:
-        print_plan(out, result)
-    if result.status == ExitStatus.OVER_BUDGET:
-        raise LaunchError("every plan that fits costs more than --budget", result.status)
-    if result.chosen is None:
-        raise LaunchError("no plan fits in memory (see the rejected options above)",
-                          ExitStatus.NO_PLAN_FITS)
-    recorded = spec.to_dict()
-    if spec.provider != "local":  # resolved from the environment now; later shells may lack it
-        try:
-            recorded["region"] = provider.region
-        except (LaunchError, AttributeError):
-            pass
-    run = Run.create(env.state_dir, _run_stem(spec.script),
-                     {"script": str(spec.script), "provider": spec.provider,
-                      "spec": recorded, "plan": result.to_dict()})
-    echo = _echo(out, as_json)
+        print_plan(out, planned.result)
     note = (lambda text: None) if as_json else (lambda text: out.print(f"[bold]launch:[/] {text}"))
-    note(f"run {run.id} (state in {run.path})")
-    from launcher.replan import replan, retrace
-
-    can_checkpoint = "wrap_modules" in _info.hooks
-    # A recipe can be re-traced at the shapes a job died at (data that grew partway through);
-    # a framework script through the recipe generated from what it built, when it got that far.
-    traceable = spec.script if spec.mode == "recipe" else _info.framework_recipe
-    measure = retrace(str(traceable)) if traceable is not None and env.environ.get(
-        "LAUNCH_NO_TRACE") != "1" else None
-
-    def fix(plan: Any, failure: dict[str, Any]) -> Any:
-        return replan(plan, failure, can_checkpoint=can_checkpoint, measure=measure)
-
-    supervisor = Supervisor(provider, run, on_line=echo, on_note=note, replan=fix)
     try:
-        outcome = supervisor.launch(spec, result.chosen)
-    except KeyboardInterrupt:
-        _interrupted(env, provider, run, cancel_on_interrupt)
+        result = runner.run(planned, on_line=_echo(out, as_json), on_note=note,
+                            cancel_on_interrupt=cancel_on_interrupt)
+    except RunInterrupted as stop:
+        _interrupted(env, stop)
         raise
-    _finish(env, out, run, outcome.status, outcome.message, as_json)
+    _finish(env, out, result, as_json)
 
 
 def _echo(out: Any, as_json: bool) -> Callable[[str], None]:
@@ -422,43 +299,29 @@ def _echo(out: Any, as_json: bool) -> Callable[[str], None]:
     return lambda line: out.out(format_log_line(line), highlight=False)
 
 
-def _run_stem(script: Path) -> str:
-    return script.parent.name if script.stem in ("train", "main") else script.stem
-
-
-def _interrupted(env: Environment, provider: Any, run: Any, cancel: bool) -> None:
-    from launcher.supervisor import adopt_unrecorded, cancel_attempt
-
-    attempts = adopt_unrecorded(run, provider)
-    last = attempts[-1] if attempts else None
-    if cancel and last is not None and last.job_id:
-        done = cancel_attempt(run, provider, last)
-        env.stderr.write(f"launch: cancelled run {run.id} (attempt {done.number}: "
+def _interrupted(env: Environment, stop: RunInterrupted) -> None:
+    done = stop.cancelled
+    if done is not None:
+        env.stderr.write(f"launch: cancelled run {stop.run_id} (attempt {done.number}: "
                          f"{done.summary.get('message')})\n")
     else:
-        env.stderr.write(f"launch: detached from run {run.id}; the job goes on. "
-                         f"Follow it with `launch attach {run.id}`, "
-                         f"stop it with `launch cancel {run.id}`\n")
+        env.stderr.write(f"launch: detached from run {stop.run_id}; the job goes on. "
+                         f"Follow it with `launch attach {stop.run_id}`, "
+                         f"stop it with `launch cancel {stop.run_id}`\n")
 
 
-def _finish(env: Environment, out: Any, run: Any, status: ExitStatus, message: str,
-            as_json: bool) -> None:
-    from dataclasses import asdict
-
+def _finish(env: Environment, out: Any, result: RunResult, as_json: bool) -> None:
     from launcher.report import print_summary
 
-    attempts = run.attempts()
-    last = attempts[-1] if attempts else None
-    summary = last.summary if last else {}
+    status = result.status
     if as_json:
-        _print_json(env, {"run_id": run.id, "status": status.name.lower(),
-                          "exit_status": int(status), "message": message,
-                          "summary": summary, "attempts": [asdict(a) for a in attempts]})
+        _print_json(env, result.to_dict())
     else:
-        print_summary(out, run.id, "succeeded" if status == ExitStatus.SUCCESS else
-                      f"{status.name.lower().replace('_', ' ')}", summary, len(attempts))
-        if message:
-            out.print(f"  {message}")
+        print_summary(out, result.run_id, "succeeded" if status == ExitStatus.SUCCESS else
+                      f"{status.name.lower().replace('_', ' ')}", result.summary,
+                      len(result.attempts))
+        if result.message:
+            out.print(f"  {result.message}")
     if status != ExitStatus.SUCCESS:
         raise SystemExit(status)
 
@@ -470,27 +333,8 @@ def _finish(env: Environment, out: Any, run: Any, status: ExitStatus, message: s
 @common
 def explain_command(log: str, platform: str | None, as_json: bool, debug: bool) -> None:
     """Read a training log (a file, or - for stdin): what failed, why, and what to change."""
-    from launcher.failures import explain_stream
-
     env = _env()
-    try:
-        if log == "-":
-            stream = getattr(env.stdin, "buffer", None)
-            if stream is None:  # a text stream (tests): encode it back to bytes
-                import io
-
-                stream = io.BytesIO(env.stdin.read().encode("utf-8", errors="replace"))
-            diagnosis = explain_stream(stream, platform)
-        else:
-            path = Path(log) if Path(log).is_absolute() else env.cwd / log
-            if path.is_dir():
-                raise UsageError(f"{log} is a folder", "give a log file, or - for stdin")
-            with open(path, "rb") as handle:
-                diagnosis = explain_stream(handle, platform)
-    except FileNotFoundError:
-        raise UsageError(f"log not found: {log}", "give a log file, or - for stdin") from None
-    except PermissionError:
-        raise UsageError(f"cannot read {log}: permission denied") from None
+    diagnosis = Runner(env).explain(log, platform)
     data = diagnosis.to_dict()
     if as_json:
         _print_json(env, data)
@@ -523,21 +367,8 @@ def machines_command(provider: str, gpu: str | None, as_json: bool, debug: bool)
     """The GPU machines a cloud offers, with GPU memory and price per hour."""
     from dataclasses import asdict
 
-    from launcher.plan.catalog import UnknownGpu, load_catalog
-    from launcher.plan.catalog import gpu as gpu_type
-
     env = _env()
-    if provider not in ("vertex", "sagemaker"):
-        raise UsageError(f"no machine catalog for provider {provider!r}",
-                         "use --provider vertex or --provider sagemaker")
-    catalog = load_catalog(provider)
-    machines = list(catalog.machines)
-    if gpu:
-        try:
-            wanted = gpu_type(gpu).name
-        except UnknownGpu as exc:
-            raise UsageError(str(exc)) from None
-        machines = [m for m in machines if m.gpu == wanted]
+    machines = Runner(env).machines(provider, gpu)
     if as_json:
         _print_json(env, {"provider": provider, "machines": [asdict(m) for m in machines]})
         return
@@ -590,47 +421,23 @@ def doctor_command(provider: str, as_json: bool, debug: bool, **options: Any) ->
 # -- following runs ----------------------------------------------------------------------------
 
 
-def _open_run(run_id: str | None) -> tuple[Any, Any, list[Any]]:
-    """The run, its provider, and its attempts with any a dead launcher left ``submitting``
-    completed first (``adopt_unrecorded``): every command that follows a run starts here."""
-    from launcher.providers import get_provider
-    from launcher.runs import Run
-    from launcher.supervisor import adopt_unrecorded
-
-    env = _env()
-    run = Run.open(env.state_dir, run_id)
-    settings = {**run.info.get("spec", {}), "python": env.python}
-    provider = get_provider(run.info["provider"], settings, env.environ)
-    return run, provider, adopt_unrecorded(run, provider)
-
-
 @cli.command("status")
 @click.argument("run_id", required=False)
 @common
 def status_command(run_id: str | None, as_json: bool, debug: bool) -> None:
     """Show a run's attempts and their state (the newest run by default)."""
-    from dataclasses import asdict
-
-    from launcher.providers.base import TERMINAL_STATES
-
     env = _env()
-    run, provider, attempts = _open_run(run_id)
-    rows = []
-    for attempt in attempts:
-        live = attempt.state
-        if attempt.job_id and attempt.state not in TERMINAL_STATES:
-            live = provider.poll(attempt.job_id).state
-        rows.append({**asdict(attempt), "live_state": live})
+    status = Runner(env).status(run_id)
     if as_json:
-        _print_json(env, {"run_id": run.id, "script": run.info.get("script"),
-                          "provider": run.info.get("provider"), "attempts": rows})
+        _print_json(env, status.to_dict())
         return
-    env.stdout.write(f"run {run.id}  {run.info.get('provider')}  {run.info.get('script')}\n")
-    for row in rows:
-        summary = row.get("summary") or {}
+    env.stdout.write(f"run {status.run_id}  {status.provider}  {status.script}\n")
+    for row in status.attempts:
+        attempt = row.attempt
+        summary = attempt.summary or {}
         env.stdout.write(
-            f"  attempt {row['number']}: {row['live_state']:<10} outcome={row['outcome']} "
-            f"step={summary.get('steps')} loss={summary.get('loss')}  {row['change']}\n")
+            f"  attempt {attempt.number}: {row.live_state:<10} outcome={attempt.outcome} "
+            f"step={summary.get('steps')} loss={summary.get('loss')}  {attempt.change}\n")
 
 
 @cli.command("logs")
@@ -641,24 +448,9 @@ def status_command(run_id: str | None, as_json: bool, debug: bool) -> None:
 def logs_command(run_id: str | None, number: int | None, follow: bool, as_json: bool,
                  debug: bool) -> None:
     """Print a run's job output."""
-    import time
-
     env = _env()
-    run, provider, attempts = _open_run(run_id)
-    chosen = [a for a in attempts if number is None or a.number == number]
-    if not chosen or not chosen[-1].job_id:
-        raise UsageError(f"run {run.id} has no attempt {number}" if number else
-                         f"run {run.id} has no submitted attempt")
-    job_id = chosen[-1].job_id
-    cursor = None
-    while True:
-        lines, cursor = provider.logs(job_id, cursor)  # a page at a time: read until empty
-        for line in lines:
-            env.stdout.write(line + "\n")
-        if not lines and (not follow or provider.poll(job_id).terminal):
-            break
-        if not lines:
-            time.sleep(0.2)
+    for line in Runner(env).logs(run_id, number, follow):
+        env.stdout.write(line + "\n")
 
 
 @cli.command("cancel")
@@ -666,25 +458,19 @@ def logs_command(run_id: str | None, number: int | None, follow: bool, as_json: 
 @common
 def cancel_command(run_id: str | None, as_json: bool, debug: bool) -> None:
     """Stop a run's running job, and check that nothing of it is left running."""
-    from launcher.providers.base import TERMINAL_STATES
-    from launcher.supervisor import cancel_attempt
-
     env = _env()
-    run, provider, attempts = _open_run(run_id)
-    live = [a for a in attempts if a.job_id and (
-        not provider.poll(a.job_id).terminal or provider.residue(a.job_id))]
-    done = [cancel_attempt(run, provider, attempt) for attempt in live]
+    result = Runner(env).cancel(run_id)
+    done = result.cancelled
     if as_json:
-        _print_json(env, {"run_id": run.id, "cancelled": [a.number for a in done],
-                          "states": {a.number: a.state for a in done}})
+        _print_json(env, result.to_dict())
     else:
-        env.stdout.write(f"run {run.id}: " + (
+        env.stdout.write(f"run {result.run_id}: " + (
             f"cancelled attempt {done[-1].number} ({done[-1].summary.get('message')})\n" if done
             else "nothing running\n"))
-    if any(a.state not in TERMINAL_STATES for a in done):
-        raise LaunchError(f"run {run.id} was asked to stop but has not stopped yet",
+    if result.still_running:
+        raise LaunchError(f"run {result.run_id} was asked to stop but has not stopped yet",
                           ExitStatus.PROVIDER_ERROR,
-                          hint=f"check again with `launch status {run.id}`")
+                          hint=f"check again with `launch status {result.run_id}`")
 
 
 @cli.command("attach")
@@ -693,19 +479,11 @@ def cancel_command(run_id: str | None, as_json: bool, debug: bool) -> None:
 def attach_command(run_id: str | None, as_json: bool, debug: bool) -> None:
     """Follow a run again (after Ctrl-C or a crashed launcher) until its job ends."""
     from launcher.report import console
-    from launcher.supervisor import Supervisor
 
     env = _env()
-    run, provider, attempts = _open_run(run_id)
-    if not attempts or not attempts[-1].job_id:
-        raise UsageError(f"run {run.id} has no submitted attempt")
     out = console(env.stdout if not as_json else env.stderr)
-    supervisor = Supervisor(provider, run, on_line=_echo(out, as_json), on_note=lambda text: None)
-    attempt = attempts[-1]
-    supervisor.follow(attempt)
-    status = {"success": ExitStatus.SUCCESS, "oom": ExitStatus.OUT_OF_MEMORY}.get(
-        attempt.outcome or "", ExitStatus.JOB_FAILED)
-    _finish(env, out, run, status, "", as_json)
+    result = Runner(env).attach(run_id, on_line=_echo(out, as_json))
+    _finish(env, out, result, as_json)
 
 
 # -- entry point -------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from launcher import remedies
 from launcher.estimate.analytic import ModelShape, load_config, shape_from_params
 from launcher.estimate.calibration import model_key
 from launcher.estimate.footprint import Footprint, from_shape
@@ -73,7 +74,8 @@ def _trace_options(spec: Spec, environ: dict[str, str]) -> dict[str, Any]:
         micro_batch_sizes=(1, 2, 4), grad_accum_steps=2,
         timeout_s=float(environ.get("LAUNCH_TRACE_TIMEOUT", DEFAULT_TRACE_TIMEOUT_S)),
         max_grad_norm=spec.max_grad_norm, lr=spec.lr, weight_decay=spec.weight_decay,
-        seed=spec.seed, scale_depth=environ.get("LAUNCH_TRACE_DEPTH") != "full")
+        seed=spec.seed, scale_depth=environ.get("LAUNCH_TRACE_DEPTH") != "full",
+        foreach=None if spec.optimizer_impl is None else spec.optimizer_impl == "foreach")
 
 
 class _Budget:
@@ -200,7 +202,8 @@ def _hf_traced(spec: Spec, shape: ModelShape, precision: str, optimizer: str,
     from launcher.estimate.traced import TraceError, TraceTimeout, trace_recipe
 
     analytic = from_shape(shape, precision=precision, optimizer=optimizer,
-                          checkpointing=checkpointing, kind="config")
+                          checkpointing=checkpointing, kind="config",
+                          optimizer_implementation=spec.optimizer_impl or "foreach")
     options = _trace_options(spec, environ)
     timeout = options["timeout_s"]
     if "note" not in failed:
@@ -255,7 +258,7 @@ def preflight(spec: Spec, info: ScriptInfo, state_dir: Path | None = None,
     hf_failed: dict[str, str] = {}
 
     traced: dict[tuple[str, str], dict[bool, Footprint | UsageError]] = {}
-    can_checkpoint = shape is not None or "wrap_modules" in info.hooks
+    can_checkpoint = remedies.can_checkpoint(info.hooks, described=shape is not None)
     pinned = _pinned_checkpointing(spec)
     if pinned not in (None, "none") and not can_checkpoint:
         raise UsageError(
@@ -272,7 +275,8 @@ def preflight(spec: Spec, info: ScriptInfo, state_dir: Path | None = None,
                               state_dir, hf_failed, budget)
         if shape is not None:
             return from_shape(shape, precision=precision, optimizer=optimizer,
-                              checkpointing=checkpointing, kind=source)
+                              checkpointing=checkpointing, kind=source,
+                              optimizer_implementation=spec.optimizer_impl or "foreach")
         if trace:
             key = (precision, optimizer)
             if key not in traced or checkpointing not in traced[key]:

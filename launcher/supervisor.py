@@ -9,7 +9,6 @@ none, or the attempts are used up, the run ends with exit status 5.
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -19,6 +18,7 @@ from typing import Any
 from launcher.events import parse_event
 from launcher.plan.plan import Plan
 from launcher.providers.base import Job, Provider
+from launcher.remedies import Failure
 from launcher.render import RenderedJob, TrainSettings, render
 from launcher.runs import Attempt, Run
 from launcher.spec import Spec
@@ -33,8 +33,8 @@ STOP_GRACE_S = 0.5
 BEHIND_NOTE_S = 10.0
 BEHIND_REPEAT_S = 60.0
 
-#: Replanner: (failed plan, the diagnosis) -> (new plan, what changed and why), or None.
-Replanner = Callable[[Plan, dict[str, Any]], "tuple[Plan, str] | None"]
+#: Replanner: (failed plan, the failure) -> (new plan, what changed and why), or None.
+Replanner = Callable[[Plan, Failure], "tuple[Plan, str] | None"]
 
 
 @dataclass
@@ -88,20 +88,13 @@ def _max(a: int | None, b: Any) -> int | None:
     return int(b) if a is None else max(a, int(b))
 
 
-#: A platform that could not give (or kept) the machines: SageMaker's CapacityError and EC2's
-#: InsufficientInstanceCapacity, Compute Engine's stockouts as Vertex reports them.
-CAPACITY = re.compile(
-    r"CapacityError|InsufficientInstanceCapacity|insufficient capacity|"
-    r"resources are insufficient|does not have enough resources|"
-    r"ZONE_RESOURCE_POOL_EXHAUSTED|stockout", re.IGNORECASE)
-
-
-def _lost_capacity(attempt: Attempt) -> bool:
-    """Preempted, or never given its machines: worth the same plan again (resumed)."""
+def _lost_capacity(attempt: Attempt, provider: Provider) -> bool:
+    """Preempted, or never given its machines (in the words of the provider's platform:
+    ``Provider.lost_capacity``): worth the same plan again (resumed)."""
     diagnosis = attempt.diagnosis or {}
     if diagnosis.get("signature") == "preemption":
         return True
-    return bool(CAPACITY.search(str(attempt.summary.get("message") or "")))
+    return provider.lost_capacity(str(attempt.summary.get("message") or ""))
 
 
 def build_job(spec: Spec, plan: Plan, run_id: str, number: int, run_path: Path) -> Job:
@@ -170,7 +163,7 @@ class Supervisor:
                 return RunOutcome(self.run, ExitStatus.INTERRUPTED, attempts,
                                   f"attempt {number} was cancelled")
             if attempt.outcome != "oom":
-                if _lost_capacity(attempt) and number < spec.max_attempts:
+                if _lost_capacity(attempt, self.provider) and number < spec.max_attempts:
                     change = ("the machine was taken away (preemption or no capacity), not a "
                               "fault of the plan: the same plan again, resumed from the last "
                               "checkpoint")
@@ -178,7 +171,7 @@ class Supervisor:
                     continue
                 return RunOutcome(self.run, ExitStatus.JOB_FAILED, attempts,
                                   f"attempt {number} failed: {attempt.summary.get('message')}")
-            fixed = self.replan(plan, attempt.diagnosis or {}) if self.replan else None
+            fixed = self.replan(plan, Failure.of(attempt.diagnosis)) if self.replan else None
             if fixed is None:
                 diagnosis = attempt.diagnosis or {}
                 return RunOutcome(self.run, ExitStatus.OUT_OF_MEMORY, attempts,

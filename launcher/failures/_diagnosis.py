@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
+from launcher import remedies
 from launcher.failures._sizes import Figures, GiB, MiB
 from launcher.units import format_bytes
 
@@ -15,7 +16,7 @@ Cause = Literal["activations", "model_states", "fragmentation", "other_process",
 # Phases, as the launcher's templates name them ("setup", "resume", "data", "forward", "backward",
 # "optimizer", "checkpoint", "eval") plus "init" for model construction read off a traceback.
 MODEL_STATE_PHASES = frozenset({"optimizer", "init", "setup", "resume", "checkpoint"})
-ACTIVATION_PHASES = frozenset({"forward", "backward", "eval", "data"})
+ACTIVATION_PHASES = frozenset(remedies.ACTIVATION_PHASES)  # forward, backward, data, eval
 
 # Memory outside this process's allocator that a healthy process explains by itself: the CUDA
 # context, cuBLAS/cuDNN workspaces and NCCL buffers take from a few hundred MiB to about 2 GiB.
@@ -203,7 +204,8 @@ _OTHER_ADVICE = {
 
 def advice(failure: str, cause: str | None, phase: str | None, signature: str, reason: str,
            micro_batch_size: int | None = None) -> str:
-    """The next plan change, in words a person can check."""
+    """The next plan change, in words a person can check: the remedies' own advice
+    (``launcher/remedies.py``), in their order, where it is a remedy of the plan."""
     because = f" ({reason})" if reason else ""
     if failure == "none":
         return "nothing to change: the log reports no failure"
@@ -217,8 +219,8 @@ def advice(failure: str, cause: str | None, phase: str | None, signature: str, r
                     "batches: give the container more (docker --shm-size, a larger /dev/shm "
                     "volume) or lower num_workers; GPU memory was not the limit")
         if cause == "activations":
-            return ("halve the micro-batch and double gradient accumulation (global batch "
-                    "unchanged): the CPU ran out of RAM for this step's activations")
+            return (f"{remedies.SMALLER_MICRO_BATCH.advice} (global batch unchanged): the CPU "
+                    "ran out of RAM for this step's activations")
         if cause == "model_states":
             return ("the model states do not fit in host RAM: pick a machine with more memory or "
                     "load weights lazily (low_cpu_mem_usage, meta device, mmap)")
@@ -231,9 +233,8 @@ def advice(failure: str, cause: str | None, phase: str | None, signature: str, r
                 f"{because}; stop it, or make every rank call torch.cuda.set_device(local_rank) "
                 "before its first CUDA call so ranks do not share GPU 0")
     if cause == "fragmentation":
-        return ("set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True and resubmit the same plan"
-                f"{because}; if it fails again, halve the micro-batch and double gradient "
-                "accumulation")
+        return (f"{remedies.EXPANDABLE_SEGMENTS.advice}{because}; if it fails again, "
+                f"{remedies.SMALLER_MICRO_BATCH.advice}")
     if cause == "model_states":
         return ("shard the model states: weights, gradients and optimizer state do not fit on "
                 f"one GPU at any batch size{because}; use FSDP full sharding on one node or "
@@ -244,10 +245,10 @@ def advice(failure: str, cause: str | None, phase: str | None, signature: str, r
             return ("halve the evaluation batch size: evaluation keeps no gradients, so the "
                     f"training plan can stay as it is{because}")
         if micro_batch_size == 1:
-            return ("turn on activation checkpointing: the micro-batch is already 1"
-                    f"{because}; if that is not enough, shard with FSDP")
-        return ("halve the micro-batch and double gradient accumulation (global batch unchanged)"
-                f"{because}; if the micro-batch is already 1, turn on activation checkpointing")
-    return ("halve the micro-batch and double gradient accumulation (global batch unchanged), "
-            "the usual fix since activations grow with it; if micro-batch 1 still fails, the "
-            "model states do not fit: shard them with FSDP")
+            return (f"{remedies.CHECKPOINTING.advice}: the micro-batch is already 1{because}; "
+                    f"if that is not enough, {remedies.SHARDING.advice}")
+        return (f"{remedies.SMALLER_MICRO_BATCH.advice} (global batch unchanged){because}; if "
+                f"the micro-batch is already 1, {remedies.CHECKPOINTING.advice}")
+    return (f"{remedies.SMALLER_MICRO_BATCH.advice} (global batch unchanged), the usual fix since "
+            "activations grow with it; if micro-batch 1 still fails, the model states do not "
+            "fit: shard them with FSDP")

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from launcher.estimate.overheads import SAFETY_MARGIN
 from launcher.plan.plan import Plan
+from launcher.remedies import CHECKPOINTING, checkpointing_label
 from launcher.units import format_bytes, format_count
 
 
@@ -34,8 +35,9 @@ def _where(plan: Plan) -> str:
 
 
 def _checkpointed(plan: Plan) -> str:
-    return {"none": "", "selective": " with selective activation checkpointing",
-            "full": " with activation checkpointing"}[plan.checkpointing or "none"]
+    """ " with selective activation checkpointing", " with activation checkpointing" (full), ""."""
+    label = checkpointing_label(plan.checkpointing or "none")
+    return f" with {label}" if label else ""
 
 
 def _states_overflow(plan: Plan) -> bool:
@@ -138,7 +140,7 @@ def checkpointing_and_zero2(chosen: Plan) -> list[Rejection]:
     full checkpointing, ZeRO-2 before full sharding (planner.py's docstring has the order)."""
     out = []
     if chosen.checkpointing == "selective":
-        out.append(_rejection("full activation checkpointing", (
+        out.append(_rejection(f"full {CHECKPOINTING.label}", (
             "selective checkpointing fits: each block keeps its matmul and attention outputs and "
             "recomputes the rest (about 1/6 more compute); full checkpointing recomputes every "
             "block's whole forward (1/3 more) to keep its input only")))
@@ -201,7 +203,7 @@ def alternatives(chosen: Plan, failed: list[Plan], provider: str) -> list[Reject
                 "state stay 16 bytes per parameter; it changes the numerics, and it is not "
                 "needed when a smaller micro-batch fits")))
         if not chosen.activation_checkpointing:
-            out.append(_rejection("activation checkpointing", (
+            out.append(_rejection(CHECKPOINTING.label, (
                 "it recomputes the forward pass during backward (about a third more compute); a "
                 "smaller micro-batch fits without it")))
     return out

@@ -18,8 +18,9 @@ from launcher.estimate.analytic import ModelShape
 from launcher.estimate.footprint import Footprint
 from launcher.estimate.overheads import SAFETY_MARGIN
 from launcher.plan.cost import ASSUMED_MFU, RECOMPUTE, Hardware, step_cost
+from launcher.plan.memory import Target, per_gpu_memory
 from launcher.plan.plan import Memory, Plan, checkpointing_key, checkpointing_mode
-from launcher.plan.planner import Target, ladder, per_gpu_memory, plan
+from launcher.plan.planner import ladder, plan
 from launcher.spec import Spec
 from launcher.status import ExitStatus
 
@@ -303,7 +304,7 @@ def test_analytic_selective_keeps_the_policy_s_outputs():
 
 
 def test_replan_after_an_out_of_memory_at_micro_batch_1_goes_from_selective_to_full():
-    from launcher.replan import replan
+    from launcher.remedies import replan
 
     selective = Plan(strategy="single", machine="m", nodes=1, gpus_per_node=1,
                      micro_batch_size=1, grad_accum_steps=4, global_batch_size=4,

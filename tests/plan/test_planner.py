@@ -194,8 +194,8 @@ def test_sharding_moves_a_traced_peak_from_the_optimizer_step_to_backward():
     the single-device peak's breakdown, where activations are 0: 62% under a traced FSDP rank).
     """
     from launcher.estimate.footprint import Footprint
+    from launcher.plan.memory import Target, per_gpu_memory
     from launcher.plan.plan import Memory
-    from launcher.plan.planner import Target, per_gpu_memory
 
     gib = 2**30
     phases = {
@@ -227,8 +227,8 @@ def test_a_sharded_plan_near_capacity_is_sized_by_its_own_ranks_trace():
     machine's capacity (either side) that decides whether a plan fits, so the rank is traced
     at its world size; far from it the scaled estimate stands and nothing is traced."""
     from launcher.estimate.footprint import Footprint
+    from launcher.plan.memory import Target, per_gpu_memory
     from launcher.plan.plan import Memory
-    from launcher.plan.planner import Target, per_gpu_memory
 
     gib = 2**30
     single = Memory(parameters=8 * gib, gradients=8 * gib, optimizer=16 * gib,
@@ -340,8 +340,8 @@ def test_reducing_every_micro_step_holds_the_gradient_shards_in_the_estimate():
     without accumulation, plus the gradient shards the later micro-steps hold."""
     from launcher.estimate.footprint import Footprint
     from launcher.estimate.overheads import SAFETY_MARGIN
+    from launcher.plan.memory import Target, per_gpu_memory
     from launcher.plan.plan import Memory
-    from launcher.plan.planner import Target, per_gpu_memory
 
     gib = 2**30
     phases = {

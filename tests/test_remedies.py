@@ -1,7 +1,8 @@
-"""The replanner's first moves, as the seeds teach them."""
+"""The remedies: the replanner's first moves, as the seeds teach them, and the one order the
+planner, the replanner and the failure advice share."""
 
 from launcher.plan.plan import Plan
-from launcher.replan import replan
+from launcher.remedies import replan
 
 
 def _plan(micro=8, accum=1, procs=1, ckpt=False) -> Plan:
@@ -82,3 +83,68 @@ def test_seed_oom_partway_tells_fragmentation_from_activations():
     assert env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
     again, _ = replan(fixed, diagnosis)
     assert again.micro_batch_size < 8 and again.expandable_segments
+
+
+def test_a_failure_is_the_diagnosis_with_the_oom_event_over_it():
+    from launcher.events import OomEvent, parse_event, parse_oom
+    from launcher.remedies import Failure
+
+    diagnosis = {"failure": "gpu_oom", "cause": "activations", "phase": "forward",
+                 "requested_bytes": 2048, "reserved_bytes": 4096, "capacity_bytes": 8192}
+    line = ('[rank0]: {"launch": "oom", "rank": 0, "phase": "backward", "micro_batch_size": 8, '
+            '"requested_bytes": null, "batch_shapes": [[8, 16]]}')
+    event = parse_event(line)
+    # as the supervisor records it: every key of the event over the diagnosis's, None included
+    record = {**diagnosis, **{k: v for k, v in event.items() if k != "launch"}}
+    expected = Failure(phase="backward", cause="activations", requested_bytes=None,
+                       reserved_bytes=4096, capacity_bytes=8192, batch_shapes=[[8, 16]])
+    assert Failure.of(record) == expected
+    assert Failure.of(diagnosis, event) == expected
+    oom = parse_oom(line)
+    assert oom == OomEvent.from_event(event)
+    assert (oom.rank, oom.phase, oom.micro_batch_size, oom.requested_bytes) == (
+        0, "backward", 8, None)
+    assert Failure.of(diagnosis, oom) == expected
+    assert parse_oom('{"launch": "metrics", "step": 3}') is None
+    assert parse_oom("no event here") is None
+    # the replanner reads a Failure and a record alike
+    plan = _plan(micro=8)
+    assert replan(plan, expected) == replan(plan, record)
+    assert Failure.of(None) == Failure()
+
+
+def test_one_rule_for_whether_blocks_can_be_checkpointed():
+    from launcher.remedies import can_checkpoint
+
+    assert can_checkpoint(("build_model", "wrap_modules"))
+    assert not can_checkpoint(("build_model",))
+    # a model described by a config or --params is planned by its layers
+    assert can_checkpoint((), described=True)
+
+
+def test_the_planner_and_the_advice_follow_the_remedies_order():
+    from pathlib import Path
+
+    from launcher.failures._diagnosis import advice
+    from launcher.plan.memory import Target
+    from launcher.plan.planner import ladder
+    from launcher.remedies import (
+        CHECKPOINTING,
+        EXPANDABLE_SEGMENTS,
+        LADDER,
+        REMEDIES,
+        SMALLER_MICRO_BATCH,
+    )
+    from launcher.spec import Spec
+
+    assert [r.name for r in REMEDIES] == [
+        "expandable_segments", "smaller_micro_batch", "checkpointing", "sharding", "more_nodes"]
+    spec = Spec(script=Path("train.py"), mode="recipe", global_batch_size=16)
+    target = Target(name="box", gpus=8, memory_bytes=80 * 2**30, max_nodes=2)
+    levels = [r.level for r in ladder(spec, target, "sagemaker", can_checkpoint=True)]
+    assert levels == sorted(levels) and set(levels) == {r.level for r in LADDER}
+    text = advice("gpu_oom", "fragmentation", "forward", "", "")
+    assert text.startswith(EXPANDABLE_SEGMENTS.advice)
+    assert text.index(EXPANDABLE_SEGMENTS.advice) < text.index(SMALLER_MICRO_BATCH.advice)
+    text = advice("gpu_oom", "activations", "forward", "", "")
+    assert text.index(SMALLER_MICRO_BATCH.advice) < text.index(CHECKPOINTING.advice)
