@@ -7,7 +7,7 @@
 Every published number below is copied from the source named next to it (nothing is fitted to
 them, and the estimator's constants are not tuned here). The launcher's side is computed the way
 `launch plan` computes it for an analytic model: ``shape_from_config`` / ``shape_from_params`` ->
-``from_shape`` -> ``planner.per_gpu_memory`` (strategy sharding, allocator ratio, CUDA context,
+``from_shape`` -> ``plan.memory.per_gpu_memory`` (strategy sharding, allocator ratio, CUDA context,
 NCCL), or ``states.model_states`` for model states alone. Each row says which launcher quantity
 is compared, because the sources measure different things (peak reserved, NVML "used", ...).
 
@@ -110,7 +110,7 @@ from launcher.estimate.analytic import (  # noqa: E402
 )
 from launcher.estimate.footprint import Footprint, from_shape  # noqa: E402
 from launcher.estimate.states import model_states  # noqa: E402
-from launcher.plan.planner import Target, per_gpu_memory  # noqa: E402
+from launcher.plan.memory import Target, per_gpu_memory  # noqa: E402
 
 MiB, GiB, GB = 2**20, 2**30, 10**9
 
@@ -218,7 +218,7 @@ def _trace(config: dict[str, Any], text: str, seq: int, precision: str, optimize
     shape = shape_from_config(config, seq_len=seq)
     # Spec's defaults for what a trace reads from it (launcher/spec.py DEFAULTS)
     spec = SimpleNamespace(model_config=path, max_grad_norm=1.0, lr=3e-4, weight_decay=0.0,
-                           seed=0, attention=attention)
+                           seed=0, attention=attention, optimizer_impl=None)
     failed: dict[str, str] = {}
     environ = {"LAUNCH_TRACE_TIMEOUT": "1200", **os.environ}
     fp = _hf_traced(spec, shape, precision, optimizer, checkpointing,  # type: ignore[arg-type]
@@ -392,6 +392,11 @@ HF_ONE_GPU = (
     ("accumulation + checkpointing + fp16 + 8-bit Adam", 1, 4, True, "fp16", "adam8bit", 5363),
 )
 V100_CUDA = (11, 2)
+#: The 2022 Trainer's AdamW (adamw_hf: transformers.AdamW, one parameter at a time), where the
+#: launcher can say so (``from_shape(optimizer_implementation=...)``).
+_HF_2022_LOOP: dict[str, str] = (
+    {"optimizer_implementation": "for-loop"}
+    if "optimizer_implementation" in inspect.signature(from_shape).parameters else {})
 
 
 def _bert_shape(attention: str | None) -> ModelShape:
@@ -440,8 +445,10 @@ def hf_bert_rows() -> list[dict[str, Any]]:
         "the MLM head's logits (s x 30522) are counted: the analytic shape of a bert config "
         "has an LM head, the run's model a 2-class head (over-counts ~180 MiB per sample in "
         "fp32)",
-        "launcher AdamW is torch's foreach (4 B/param temporary at the step); Trainer's 2022 "
-        "default was transformers' for-loop AdamW (adamw_hf)",
+        "AdamW as the run ran it: Trainer's 2022 default optimizer (optim 'adamw_hf', "
+        "transformers PR #14744) is transformers.AdamW, a per-parameter Python loop: launcher "
+        "optimizer implementation 'for-loop' (two copies of the largest parameter, the "
+        "embedding, at the step; foreach, the launcher's default, holds 4 B/param)",
         "Trainer's 2022 model.zero_grad() (torch 1.10: set_to_none=False) kept every "
         "gradient allocated through the next step's forward and backward: the analytic model "
         "counts the gradients with the activations' peak (its upper bound is this run's case); "
@@ -461,7 +468,7 @@ def hf_bert_rows() -> list[dict[str, Any]]:
                                "= launcher full AC")
         needs = ["adafactor from a shape"] if optimizer == "adafactor" else []
         fp = from_shape(eager, precision=precision, optimizer=optimizer, checkpointing=ckpt,
-                        flash=False)
+                        flash=False, **_HF_2022_LOOP)
         memory = per_gpu_memory(fp, v100, "single", 1, 1, b, accum)
         # launch plan --model-config bert-large.json --seq-len 512 --attention math
         traced, how = traced_memory(BERT_LARGE_UNCASED, 512, precision, optimizer, ckpt, v100,
@@ -514,17 +521,19 @@ def _bert_explanation(precision: str, optimizer: str, ckpt: bool, b: int) -> str
             f"= {512 * 30522 * 12 * b / MiB:.0f} MiB at batch {b}) and, under fp16, the copy "
             "of its tied decoder (60 MiB) the run's 2-class head never makes")
     if precision == "bf16_mixed" and not ckpt:
-        return ("missing feature (docs/estimator.md, Not done yet: the analytic estimate under "
-                "autocast over fp32 weights): the residual stream is fp32, so each LayerNorm "
-                "saves an fp32 input and each of q, k and v casts and saves its own fp16 copy, "
-                "8 s h a layer the formula does not count (384 MiB at batch 4; the trace of the "
-                "eager model has it: 1.40 GB a sample against the formula's 1.32). Counted "
-                "since: fp32 softmax probabilities (7 B per score), the fp16 weight copies "
-                "(638 MiB), 12 B per logit")
+        return ("under, not explained: counted since the previous version, the fp32 residual "
+                "stream under autocast (each LayerNorm's fp32 input, q, k and v's own fp16 "
+                "copies: 8 s h a layer, 384 MiB at batch 4), and before it the fp32 softmax "
+                "probabilities (7 B per score), the fp16 weight copies (638 MiB) and 12 B per "
+                "logit; the MLM head over-counts " + head.split(" (", 1)[1].split(")")[0]
+                + ", so about 1.2 GB of the run is not identified (the fp32 vanilla run, with "
+                "the same head, lands at -0.0%)")
     if ckpt and optimizer == "adamw":
-        return ("over: at micro-batch 1 with checkpointing the peak is the optimizer step, "
-                "where the launcher counts foreach AdamW's 4 B/param temporary (1.25 GiB); "
-                "the run's adamw_hf is a per-parameter loop")
+        return ("over, probable: with the run's adamw_hf (a for-loop: two copies of the "
+                "125 MB embedding at the step, not foreach's 1.25 GiB) the peak is the model "
+                "states (4.99 GiB) with the activations (kept layer inputs, one recomputed "
+                "layer, the loss), and the fixed 1.08 allocator reserve of an analytic plan is "
+                "applied to a peak made of large model-state blocks; and " + head)
     return "over, probable: " + head
 
 
@@ -580,7 +589,12 @@ def torchtitan_rows() -> list[dict[str, Any]]:
                          "fixed 1.08 x its peak, with no allocator replay (the traced plan "
                          "replays its own events) and none of the blocks FSDP2's all-gather "
                          "and reduce-scatter streams keep cached. The loss's 12 B per logit "
-                         "(3.9 GiB more here than the 10 B counted before) is in"),
+                         "(3.9 GiB more here than the 10 B counted before) is in. Not "
+                         "settled: the traced Table 3 figure (-0.8%) shards the single "
+                         "device's trace with its replayed 1.088, near 1.08, and allocates "
+                         "about 2.4 GiB more than the analytic 58.7 GiB (transformers' Llama "
+                         "traced), so part of the gap may be allocated bytes, not the "
+                         "reserve"),
             traced=None if traced is None else traced.peak_reserved / GiB,
             traced_how=how + ("; " + TITAN_TRACED_MODEL if traced is not None else "")))
         if table == "Table 1":

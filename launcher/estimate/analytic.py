@@ -83,6 +83,12 @@ CONFIG_ATTENTION = {"eager": "math", "flash_attention_2": "flash", "flash_attent
 LOSS_BYTES_PER_LOGIT = 12
 FUSED_QKV = ("gpt2", "gpt_neox", "phi3")
 FUSED_GATE_UP = ("phi3",)
+#: model_type values whose norms are ``nn.LayerNorm`` (the rest: RMSNorm, T5's scale-only norm).
+#: CUDA autocast runs ``layer_norm`` in fp32 (its fp32 list): it saves an fp32 copy of its input
+#: and returns fp32 whatever the weights' dtype, so under autocast the stream around these norms
+#: is fp32 even when FSDP gathers bf16 weights. An RMSNorm's output takes the weights' dtype
+#: (``weight * x.to(input_dtype)``): fp32 only over fp32 weights (one GPU, DDP).
+LAYER_NORM = ("gpt2", "gpt_neox", "bert", "roberta", "bart", "mbart", "whisper")
 
 
 @dataclass(frozen=True)
@@ -160,6 +166,32 @@ class ModelShape:
         attention_outputs = t * h * (2 if cross else 1)
         return t * h + attention_outputs + sum(outputs[::2])
 
+    def fp32_stream(self, autocast: bool, fp32_weights: bool = True) -> bool:
+        """Whether the residual stream and the norms' outputs are fp32 in a 16-bit step: under
+        autocast over fp32 weights always (the embedding lookup is not cast, and adding a 16-bit
+        output to an fp32 input is fp32), over bf16 weights (FSDP's gathers) only where the
+        norms are LayerNorms, which CUDA autocast runs in fp32 (``LAYER_NORM``)."""
+        return autocast and (fp32_weights or self.model_type in LAYER_NORM)
+
+    def _stream_layer_bytes(self, t: int, cross: int = 0) -> int:
+        """Bytes one layer at length ``t`` keeps beyond the 16-bit formula when its stream is
+        fp32 (``fp32_stream``): each norm saves its input in fp32 (4 B an element, not 2), and
+        each matmul that reads an fp32 tensor casts it and saves a 16-bit copy of its own (the
+        formula counts one per norm: separate q, k and v save two more, separate gate and up
+        one more, a router one more; a decoder's cross-attention keys and values each cast the
+        encoder's output, ``2 x 2 e h``). Checked against a real CPU step of transformers'
+        BertForMaskedLM under CUDA's autocast lists: 8 s h a layer, to the byte
+        (tests/estimate/test_analytic.py)."""
+        h, a, i = self.hidden, self.heads, self.intermediate
+        assert h is not None and a is not None and i is not None
+        norms = 3 if cross else 2
+        copies = 0 if self.model_type in FUSED_QKV else 2
+        if self.gated_mlp and self.model_type not in FUSED_GATE_UP:
+            copies += self.experts_per_token  # each expert's gate and up cast their tokens
+        if self.experts > 1:
+            copies += 1  # the router
+        return 2 * t * h * (norms + copies) + (4 * cross * h if cross else 0)
+
     def score_bytes(self, element_bytes: int = 2, autocast: bool = False) -> int:
         """Bytes eager ("math") attention keeps per attention score (the 5 a s^2 term).
 
@@ -197,9 +229,11 @@ class ModelShape:
 
     def activation_bytes_per_sample(self, *, element_bytes: int = 2, flash: bool | None = None,
                                     checkpointing: bool | str = False,
-                                    autocast: bool = False) -> int | None:
-        """Activations alive at the step's peak, per sample (``autocast``: 16-bit compute from
-        fp32 weights, the ``bf16_mixed`` precision: see ``score_bytes``)."""
+                                    autocast: bool = False,
+                                    fp32_weights: bool = True) -> int | None:
+        """Activations alive at the step's peak, per sample (``autocast``: 16-bit compute, the
+        ``bf16_mixed`` precision: see ``score_bytes``; ``fp32_weights``: autocast over the fp32
+        weights one GPU or DDP holds, not FSDP's bf16 gathers: see ``fp32_stream``)."""
         if not self.knows_activations:
             return None
         s, h, a, i, v, n = (self.seq_len, self.hidden, self.heads, self.intermediate, self.vocab,
@@ -210,6 +244,11 @@ class ModelShape:
         scale = element_bytes / 2  # the formulas are for 16-bit activations
         # the s x s terms in bytes, not scaled: see score_bytes
         score = 0 if flash else self.score_bytes(element_bytes, autocast)
+        # an fp32 stream under autocast: the norms' fp32 inputs and the matmuls' own casts
+        stream = element_bytes == 2 and self.fp32_stream(autocast, fp32_weights)
+        # the stream's own tensors (a kept layer input, the embedding output, the last norm's
+        # input) are 4 B an element there, not 2
+        stream_scale = 2 * scale if stream else scale
 
         def layer_at(t: int, cross: int = 0) -> float:
             """One layer at length ``t``; ``cross``: attending to an encoder of that length."""
@@ -223,22 +262,26 @@ class ModelShape:
                 attention += 5 * t * h + 4 * cross * h
                 norms += 2 * t * h
                 scores += a * t * cross
-            return (attention + mlp + norms) * scale + score * scores
+            extra = self._stream_layer_bytes(t, cross) if stream else 0
+            return (attention + mlp + norms) * scale + score * scores + extra
 
         e, ne = self.encoder_seq_len or s, self.encoder_layers
         layer = layer_at(s, cross=e if ne else 0)
         logits = s * v * LOSS_BYTES_PER_LOGIT
-        edges = 4 * s * h * scale  # embedding output and the final norm
-        kept = n * 2 * s * h * scale  # checkpointing: each layer's input
+        edges = 4 * s * h * stream_scale  # embedding output and the final norm
+        kept = n * 2 * s * h * stream_scale  # checkpointing: each layer's input
         if ne:
-            edges += (4 * e * h + 4 * self.audio_channels * e + 10 * e * h * (
+            edges += 4 * e * h * stream_scale + (4 * self.audio_channels * e + 10 * e * h * (
                 self.audio_channels > 0)) * scale
-            kept += ne * 2 * e * h * scale
+            kept += ne * 2 * e * h * stream_scale
         if checkpointing == "selective":
             # every layer keeps its input and what the policy saves; one layer at a time has the
             # rest recomputed (that layer whole: its kept part is not counted twice)
             decoder = self._selective_layer(s, e if ne else 0) * element_bytes
             encoder = self._selective_layer(e) * element_bytes if ne else 0
+            if stream:  # the kept layer input is the fp32 stream
+                decoder += 2 * s * h
+                encoder += 2 * e * h if ne else 0
             whole = max(layer - decoder, layer_at(e) - encoder if ne else 0)
             return int(n * decoder + ne * encoder + whole + logits + edges)
         if checkpointing:  # one layer recomputed at a time: the larger of the two kinds
@@ -265,6 +308,19 @@ class ModelShape:
         encoder = self.encoder_parameters
         attention = 12 * h * (ne * e * e + n * s * s + n * s * e)
         return 6.0 * (encoder * e + (active - encoder) * s) + attention
+
+    @property
+    def largest_parameter(self) -> int | None:
+        """Elements of the largest weight tensor, where the shape says (None otherwise): the
+        token embedding or an untied output layer (``vocab x hidden``), an MLP matrix, a fused
+        query-key-value or gate-up projection. A for-loop optimizer's temporaries are one
+        tensor's size at a time."""
+        h, i, v = self.hidden, self.intermediate, self.vocab
+        if h is None or i is None or v is None:
+            return None
+        mlp = (2 if self.model_type in FUSED_GATE_UP else 1) * h * i
+        attention = h * (h + 2 * h * (self.kv_heads or self.heads or 1) // (self.heads or 1))
+        return max(v * h, mlp, attention if self.model_type in FUSED_QKV else h * h)
 
     @property
     def active_parameters(self) -> int:

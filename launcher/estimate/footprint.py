@@ -37,32 +37,60 @@ class Footprint:
     #: size: ``(strategy, nodes, gpus per node, micro-batch, accumulation)``; None when it
     #: cannot be traced (the planner then keeps the sharded single-device estimate).
     rank_memory_at: Callable[[str, int, int, int, int], Memory | None] | None = None
+    #: Analytic footprints: the activation bytes per sample that exist only because the
+    #: weights are fp32 under autocast (the fp32 stream of a RMSNorm model,
+    #: ``ModelShape.fp32_stream``): a sharded rank, whose FSDP gathers bf16 weights, has none.
+    fp32_weight_bytes_per_sample: int = 0
 
 
-def foreach_temporary(trainable: int, optimizer: str, precision: str) -> int:
+#: How an optimizer's step runs over the parameters: ``foreach`` (multi-tensor kernels over a
+#: whole group: PyTorch's default on CUDA) or ``for-loop`` (one parameter at a time: PyTorch's
+#: ``foreach=False``, PyTorch before 2.0, transformers' own ``AdamW``, Trainer's ``adamw_hf``).
+OPTIMIZER_IMPLEMENTATIONS = ("foreach", "for-loop")
+
+
+def foreach_temporary(trainable: int, optimizer: str, precision: str,
+                      implementation: str = "foreach", largest: int | None = None) -> int:
     """Bytes an optimizer step allocates on top of its state.
 
     PyTorch's foreach AdamW (the default on CUDA) computes ``_foreach_sqrt(exp_avg_sq)`` out of
     place: a full copy of the second moments, 4 bytes per trained parameter in fp32 (2 in bf16).
-    SGD's foreach step updates in place.
+    A for-loop AdamW makes its temporaries one parameter at a time: PyTorch's single-tensor step
+    holds ``exp_avg_sq.sqrt()`` and its quotient by the bias correction at once (two copies of
+    one parameter), transformers' ``AdamW`` only ``exp_avg_sq.sqrt()`` (one); two copies of the
+    ``largest`` parameter are counted (the foreach figure where the largest is unknown).
+    SGD's step updates in place either way.
     """
     if optimizer != "adamw":
         return 0
-    return trainable * (2 if precision == "bf16" else 4)
+    element = 2 if precision == "bf16" else 4
+    if implementation == "for-loop" and largest is not None:
+        return min(trainable, 2 * largest) * element
+    return trainable * element
 
 
 def from_shape(shape: ModelShape, *, precision: str, optimizer: str, checkpointing: bool | str,
-               flash: bool | None = None, kind: str = "config") -> Footprint:
-    """The analytic footprint: exact model states, formula activations (None if unknown)."""
+               flash: bool | None = None, kind: str = "config",
+               optimizer_implementation: str = "foreach") -> Footprint:
+    """The analytic footprint: exact model states, formula activations (None if unknown).
+    ``optimizer_implementation``: foreach | for-loop (``OPTIMIZER_IMPLEMENTATIONS``)."""
+    if optimizer_implementation not in OPTIMIZER_IMPLEMENTATIONS:
+        raise ValueError(f"unknown optimizer implementation {optimizer_implementation!r}")
     states = model_states(shape.parameters, precision, optimizer)
     element = 4 if precision == "fp32" else 2
     autocast = precision == "bf16_mixed"  # the templates' bf16_mixed: autocast, fp32 weights
     per_sample = shape.activation_bytes_per_sample(element_bytes=element, flash=flash,
                                                    checkpointing=checkpointing, autocast=autocast)
+    # what a sharded rank's bf16 gathers would not have: an RMSNorm model's fp32 stream
+    bf16_weights = shape.activation_bytes_per_sample(
+        element_bytes=element, flash=flash, checkpointing=checkpointing, autocast=autocast,
+        fp32_weights=False)
+    fp32_only = 0 if per_sample is None or bf16_weights is None else per_sample - bf16_weights
     # autocast's 16-bit weight copies: once per step, whatever the micro-batch (the planner
     # takes them out of sharded plans, whose FSDP gathers bf16 weights autocast does not cast)
     copies = (shape.autocast_copy_bytes() or 0) if autocast else 0
-    temporary = foreach_temporary(shape.parameters, optimizer, precision)
+    temporary = foreach_temporary(shape.parameters, optimizer, precision,
+                                  optimizer_implementation, shape.largest_parameter)
 
     def memory_at(micro_batch: int, accum: int = 1) -> Memory:
         # ``accum`` does not change this model: it counts the gradients with the activations'
@@ -71,7 +99,7 @@ def from_shape(shape: ModelShape, *, precision: str, optimizer: str, checkpointi
         activations = None if per_sample is None else per_sample * micro_batch + copies
         peak = None
         if activations is not None and states.optimizer is not None:
-            # Activations are gone by the optimizer step, where the foreach temporaries appear.
+            # Activations are gone by the optimizer step, where its temporaries appear.
             peak = states.parameters + states.gradients + states.optimizer + max(
                 activations, temporary)
         return Memory(parameters=states.parameters, gradients=states.gradients,
@@ -84,4 +112,5 @@ def from_shape(shape: ModelShape, *, precision: str, optimizer: str, checkpointi
     return Footprint(kind=kind, precision=precision, optimizer=optimizer,
                      activation_checkpointing=checkpointing, parameters=shape.parameters,
                      memory_at=memory_at, unit_parameters=shape.layer_parameters,
-                     flops_per_sample=shape.flops_per_sample(), note=note)
+                     flops_per_sample=shape.flops_per_sample(), note=note,
+                     fp32_weight_bytes_per_sample=fp32_only)

@@ -200,8 +200,8 @@ def test_a_traced_cuda_estimate_replays_the_allocator(tmp_path: Path) -> None:
 def test_the_planner_takes_a_replayed_ratio_unless_calibration_measured_one() -> None:
     from launcher.estimate.footprint import Footprint
     from launcher.estimate.overheads import CUBLAS_WORKSPACE_BYTES
+    from launcher.plan.memory import Target, per_gpu_memory
     from launcher.plan.plan import Memory
-    from launcher.plan.planner import Target, per_gpu_memory
 
     gib = 2**30
     single = Memory(parameters=gib, gradients=gib, optimizer=2 * gib, activations=gib,
@@ -276,8 +276,8 @@ def test_nccl_buffers_follow_channels_and_buffsize() -> None:
 
 def test_a_plan_for_an_old_cuda_image_carries_the_eager_context() -> None:
     from launcher.estimate.footprint import Footprint
+    from launcher.plan.memory import Target, per_gpu_memory
     from launcher.plan.plan import Memory
-    from launcher.plan.planner import Target, per_gpu_memory
 
     single = Memory(parameters=MiB, gradients=MiB, optimizer=MiB, activations=MiB, temporary=0,
                     peak_allocated=4 * MiB)

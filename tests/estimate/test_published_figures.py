@@ -22,7 +22,7 @@ import pytest
 from launcher.estimate.analytic import shape_from_params
 from launcher.estimate.footprint import from_shape
 from launcher.estimate.states import model_states
-from launcher.plan.planner import Target, per_gpu_memory
+from launcher.plan.memory import Target, per_gpu_memory
 
 #: Table 1 as printed, and the rounding rule: one copy, in the benchmark that reports them.
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
@@ -199,11 +199,23 @@ def test_rows_are_analytic_without_traces(rows):
 
 
 def test_hf_fp16_run_is_no_longer_far_under(rows):
-    """bert-large, fp16 autocast, batch 4 (13939 MiB): once autocast's fp32 softmax
-    probabilities (7 B per score), its fp16 weight copies and the loss's 12 B per logit are
-    counted, what is left under is the fp32 residual stream (docs/estimator.md, Not done yet)."""
+    """bert-large, fp16 autocast, batch 4 (13939 MiB): with autocast's fp32 softmax
+    probabilities (7 B per score), its fp16 weight copies, the loss's 12 B per logit and the
+    fp32 residual stream (8 s h a layer: 384 MiB at batch 4) counted, it is -3.4% (-6.5% without
+    the stream)."""
     fp16 = _one(rows, "section: fp16")
-    assert -8 < fp16["error_pct"] < 0
+    assert -5 < fp16["error_pct"] < 0
+
+
+def test_hf_2022_adamw_rows_run_the_trainers_for_loop_adamw(rows):
+    """Trainer's 2022 default optimizer, adamw_hf (transformers.AdamW), steps one parameter at
+    a time: the rows say so and the launcher computes it (``optimizer_implementation``). At
+    micro-batch 1 with checkpointing foreach's 4 B/param temporary put them +22% and +14% over."""
+    for where in ("section: accumulation + gradient checkpointing",
+                  "section: accumulation + checkpointing + fp16"):
+        row = _one(rows, where)
+        assert any("adamw_hf" in a and "'for-loop'" in a for a in row["assumptions"])
+        assert 0 < row["error_pct"] < 10
 
 
 @pytest.mark.slow
