@@ -1,16 +1,18 @@
 """Framework scripts (Hugging Face Trainer, accelerate, Lightning) planned as the user wrote them.
 
 ``launch plan SCRIPT --json`` on such a script runs it up to where training starts (a child
-process with a time limit, launcher/_framework_child.py), traces the model, optimizer and batch it
+process with a time limit, launcher/_framework_child/), traces the model, optimizer and batch it
 built (launcher/_framework_recipe.py) and plans on that: ``model.source`` is ``traced`` without
 ``--params``. The traced peak at the plan's micro-batch is checked against the framework's own
 training step, run for real on the CPU (``frameworks.measure_step``: the CPU allocator's record
 of two optimizer steps of the real Trainer, accelerate loop or Lightning fit), within 2%.
 
-The examples (examples/hf_trainer, examples/accelerate, examples/lightning) and two more scripts
-per framework written as its documentation writes them (tests/fixtures/frameworks) are planned in
-a pool of processes started once for the module: each plan and measurement imports torch and
-the framework in a child (seconds of CPU that overlap).
+Nine scripts are known here: the examples (examples/hf_trainer, examples/accelerate,
+examples/lightning) and two more per framework written as its documentation writes them
+(tests/fixtures/frameworks). The tests plan and measure four of them (``TESTED``), in a pool of
+processes started once for the module: each plan and measurement imports torch and the framework
+in a child (seconds of CPU that overlap). ``bench/bench_frameworks.py`` reruns the check over all
+nine and reports each script's traced and real peaks.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from launcher.cli import main
 from launcher.context import Environment
 from launcher.frameworks import Detected, detect, measure_step
 from launcher.recipe import classify
+from tests.fakes.record import record
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures" / "frameworks"
@@ -47,6 +50,13 @@ SCRIPTS: dict[str, tuple[Path, str, tuple[int, int]]] = {
     "accelerate_cv": (FIXTURES / "accelerate_cv.py", "accelerate", (8, 8)),
     "lightning_classifier": (FIXTURES / "lightning_classifier.py", "lightning", (32, 32)),
 }
+#: The scripts the tests plan and measure: the examples' Trainer script (the settings test reads
+#: it), one more Trainer script, and one script from each of accelerate's and Lightning's docs.
+#: The sweep of all nine is a benchmark (``bench/bench_frameworks.py``, docs/benchmarks.md), which
+#: sets ``LAUNCH_TEST_ALL_FRAMEWORK_SCRIPTS=1``: each script is a real framework step and a trace
+#: in child processes, minutes on two cores for the nine.
+TESTED = tuple(SCRIPTS) if os.environ.get("LAUNCH_TEST_ALL_FRAMEWORK_SCRIPTS") == "1" else (
+    "hf_example", "hf_classifier", "accelerate_nlp", "lightning_classifier")
 _PACKAGES = {"hf_trainer": "transformers", "accelerate": "accelerate", "lightning": "lightning"}
 #: A note each plan must carry (what was assumed about the script).
 NOTES = {"hf_classifier": "no local weights for"}
@@ -99,7 +109,7 @@ def _missing(kind: str) -> bool:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runs]:
     r = Runs(tmp_path_factory.mktemp("frameworks"))
-    for name in SCRIPTS:
+    for name in TESTED:
         r.start(name)
     if not _missing("accelerate"):
         folder = r.dir / "no_backward"
@@ -199,7 +209,7 @@ def test_the_cpu_probe_counts_the_unreduced_loss_of_mse_loss() -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("name", [
     pytest.param(n, marks=pytest.mark.xfail(reason=ESTIMATOR_GAPS[n], strict=True))
-    if n in ESTIMATOR_GAPS else n for n in sorted(SCRIPTS)])
+    if n in ESTIMATOR_GAPS else n for n in sorted(TESTED)])
 def test_plan_is_traced_and_matches_the_frameworks_own_step(runs: Runs, name: str) -> None:
     status, stdout, stderr = runs.get(name)
     assert status == 0, stderr
@@ -214,6 +224,8 @@ def test_plan_is_traced_and_matches_the_frameworks_own_step(runs: Runs, name: st
     assert chosen["grad_accum_steps"] == global_batch // micro
     real = runs.get(f"{name}_real")
     traced = chosen["memory"]["peak_allocated"]
+    record("framework_script", script=name, framework=_kind, traced_peak=traced,
+           real_peak=real["peak_allocated"], micro_batch_size=micro)
     # the framework's own real step: the Trainer, the accelerate loop, Lightning's fit
     assert abs(traced - real["peak_allocated"]) <= 0.02 * real["peak_allocated"], (
         f"{name}: traced {traced} B, the framework's real step {real['peak_allocated']} B")
@@ -304,11 +316,11 @@ def _recipe_from(folder: Path, model: Any, batch: Any, capture: dict[str, Any]) 
 
     import torch
 
-    from launcher import _framework_child as child
+    from launcher._framework_child.capture import MetaPickler
 
     folder.mkdir()
     with open(folder / "model.pkl", "wb") as handle:
-        child._MetaPickler(handle).dump(model)
+        MetaPickler(handle).dump(model)
     torch.save(batch, folder / "batch.pt")
     (folder / "capture.json").write_text(json.dumps({
         "script": str(folder / "train.py"), "script_dir": str(folder), **capture}))
