@@ -281,3 +281,103 @@ def test_the_allowlists_are_still_needed() -> None:
              for imp in _imports(name, main_block=True) for n in imp.names}
     for allowlist in (PRIVATE_MODULE_IMPORTS, PRIVATE_NAME_IMPORTS):
         assert not set(allowlist) - used, f"no longer imported: {set(allowlist) - used}"
+
+
+#: Private attributes of PyTorch's own objects that the estimator reads (torch has no public name
+#: for them): a module's parameter and buffer dicts, an op's schema and packet, a tensor's view
+#: flag, the SDPA kernels' aten ops. Checked by name, since the objects are function arguments.
+TORCH_PRIVATE_ATTRIBUTES = ("_parameters", "_buffers", "_is_view", "_schema", "_overloadpacket",
+                            "_opname", "_scaled_dot_product_")
+
+
+def _own_private_names(tree: ast.Module) -> set[str]:
+    """Private names a module defines itself: functions, classes, variables, and attributes it
+    sets on ``self`` or ``cls`` (its own objects' state) or on a function it defines."""
+    names: set[str] = set()
+    defined = {node.name for node in ast.walk(tree)
+               if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        elif (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store)
+              and isinstance(node.value, ast.Name)
+              and node.value.id in ("self", "cls", *defined)):
+            names.add(node.attr)  # its own objects' state, or a marker on its own function
+    return names
+
+
+def _third_party_names(tree: ast.Module) -> set[str]:
+    """Names a module binds by importing something outside the package (torch, boto3 ...)."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names
+                      if a.name.split(".")[0] != "launcher"}
+        elif (isinstance(node, ast.ImportFrom) and not node.level
+              and (node.module or "").split(".")[0] != "launcher"):
+            names |= {a.asname or a.name for a in node.names}
+    return names
+
+
+def _reach_ins(tree: ast.Module, where: str) -> list[str]:
+    """``obj._name`` where ``_name`` is nobody's business in this module: not defined here, not
+    set on its own ``self``, not read off a third-party import or PyTorch's own objects."""
+    found = []
+    own, foreign = _own_private_names(tree), _third_party_names(tree)
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Attribute) and _private(node.attr)) or node.attr in own:
+            continue
+        if node.attr.startswith(TORCH_PRIVATE_ATTRIBUTES):
+            continue
+        root = node.value
+        while isinstance(root, (ast.Attribute, ast.Call, ast.Subscript)):
+            root = root.func if isinstance(root, ast.Call) else root.value
+        if isinstance(root, ast.Name) and (root.id in ("self", "cls") or root.id in foreign):
+            continue
+        found.append(f"{where}:{node.lineno}: {ast.unparse(node)} (a private attribute of "
+                     "another module's object)")
+    return found
+
+
+def test_no_module_reads_or_writes_another_modules_private_attributes() -> None:
+    """``doctor`` once set ``provider._credentials`` and called ``provider._storage_client()``:
+    a private attribute is its class's business. Found from the source: an ``x._name`` whose
+    ``_name`` this module neither defines nor sets on its own ``self``."""
+    found = [line for name, path in MODULES.items()
+             for line in _reach_ins(_tree(name), str(path.relative_to(PACKAGE.parent)))]
+    assert not found, "\n".join(found)
+
+
+def test_the_private_attribute_check_finds_a_reach_in() -> None:
+    """The check itself: an assignment to and a call of another object's privates are found;
+    a module's own object state and a third-party private are not."""
+    source = ("import torch\n"
+              "class Own:\n"
+              "    def __init__(self):\n"
+              "        self._cache = {}\n"
+              "    def get(self, other: 'Own'):\n"
+              "        return other._cache, torch._C\n"
+              "def check(provider, credentials):\n"
+              "    provider._credentials = credentials\n"
+              "    return provider._storage_client()\n")
+    found = _reach_ins(ast.parse(source), "m.py")
+    assert [line.split(": ")[1].split(" (")[0] for line in found] == [
+        "provider._credentials", "provider._storage_client"]
+
+
+#: Lines over which a module must say at its top why it is one unit ("Over 600 lines on
+#: purpose: ..."): past this a module is usually doing several jobs.
+MODULE_LINES = 600
+
+
+def test_a_long_module_says_why_it_is_one_unit() -> None:
+    long = []
+    for name, path in MODULES.items():
+        lines = path.read_text(encoding="utf-8").count("\n")
+        doc = ast.get_docstring(_tree(name)) or ""
+        if lines > MODULE_LINES and f"Over {MODULE_LINES} lines on purpose" not in doc:
+            long.append(f"{path.relative_to(PACKAGE.parent)}: {lines} lines, and its docstring "
+                        f"does not say why (\"Over {MODULE_LINES} lines on purpose: ...\")")
+    assert not long, "\n".join(long)
