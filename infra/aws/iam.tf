@@ -1,8 +1,8 @@
 # Two identities: the role SageMaker runs the training jobs as (the launcher's `role` setting),
 # and the policy of whoever runs `launch` (a person, or the CI role in ci.tf).
 #
-# What each statement allows is what launcher/providers/sagemaker.py and launcher/doctor.py call,
-# no more: tests/infra/test_policies.py reads the provider code, works out every AWS action it
+# What each statement allows is what the launcher/providers/sagemaker/ package calls (its
+# doctor checks included), no more: tests/infra/test_policies.py reads the provider code, works out every AWS action it
 # needs and the resource it needs it on, and evaluates these documents against them (and fails
 # on an action granted here that no code needs).
 

@@ -24,7 +24,7 @@ locals {
 
   # Where the AWS Deep Learning Containers the launcher runs are published, per region: the
   # PyTorch training image, and the SageMaker model parallelism (SMP v2) image for smp_v2 plans.
-  # The same data as launcher/providers/_aws.py (PYTORCH_REGISTRIES, SMP_REGISTRY, SMP_REGIONS);
+  # The same data as launcher/providers/sagemaker/_aws.py (PYTORCH_REGISTRIES, SMP_REGISTRY, SMP_REGIONS);
   # tests/infra/test_policies.py fails when the two disagree.
   pytorch_registries = {
     "af-south-1"     = "626614931356"

@@ -32,7 +32,7 @@ variable "job_prefix" {
   default     = "launch"
 
   validation {
-    # The launcher's own rule (launcher/providers/sagemaker.py: JOB_NAME, JOB_PREFIX_MAX).
+    # The launcher's own rule (launcher/providers/sagemaker/settings.py: JOB_NAME, JOB_PREFIX_MAX).
     condition     = can(regex("^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,19}$", var.job_prefix))
     error_message = "job_prefix: at most 20 letters, digits and hyphens, starting and ending with a letter or digit."
   }

@@ -1,7 +1,7 @@
 # The launcher's identity: three custom roles holding exactly the permissions the launcher's API
 # calls need, each granted where it applies (the project, the bucket, the jobs' service account).
-# tests/infra/test_policies.py derives the calls from launcher/providers/vertex.py, _gcp.py and
-# launcher/doctor.py, maps them to permissions, and checks these grants both ways (nothing
+# tests/infra/test_policies.py derives the calls from the launcher/providers/vertex/ package
+# (the provider, its logs, _gcp.py and its doctor checks), maps them to permissions, and checks these grants both ways (nothing
 # missing, nothing extra).
 
 locals {
