@@ -103,6 +103,38 @@ def test_out_of_memory_is_stopped_and_reported(cli, write_script):
     assert attempt["diagnosis"]["micro_batch_size"] == 8
 
 
+# Out of memory in the forward pass of step 2, raised outright (no memory cap needed).
+RAISED_OOM_RECIPE = TINY_RECIPE.replace(
+    "def training_step(model, batch):\n",
+    "CALLS = 0\n\n\n"
+    "def training_step(model, batch):\n"
+    "    global CALLS\n"
+    "    CALLS += 1\n"
+    "    if CALLS >= 2:\n"
+    "        raise torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 2.00 GiB')\n",
+)
+
+
+def test_the_oom_line_is_printed_before_the_traceback_a_stop_may_cut_short(
+        cli, write_script, tmp_path):
+    """The launcher stops a job a fraction of a second after the allocator's message (the
+    traceback's last line); the rendered script frees memory before it prints its ``oom`` line,
+    which on a loaded machine takes longer than that. So the ``oom`` line comes first: a stop
+    set off by the traceback can no longer cut it off (the local log keeps the order written)."""
+    script = write_script(RAISED_OOM_RECIPE)
+    result = cli(str(script), "--json", "--max-attempts", "1")
+    assert result.status == ExitStatus.OUT_OF_MEMORY, result.stderr
+    attempt = result.json()["attempts"][0]
+    assert attempt["diagnosis"]["signature"] == "launch_oom_event"
+    assert attempt["diagnosis"]["phase"] == "forward"
+    log = tmp_path / "state" / "runs" / result.json()["run_id"] / "attempt-1" / "output.log"
+    lines = log.read_text().splitlines()
+    event = next(i for i, line in enumerate(lines) if '"launch": "oom"' in line)
+    message = next(i for i, line in enumerate(lines) if "torch.OutOfMemoryError: CUDA" in line)
+    traceback = next(i for i, line in enumerate(lines) if "Traceback (most recent" in line)
+    assert event < traceback < message, lines[-30:]
+
+
 # Out of memory partway: from the third micro-batch on, every sample needs 256 MiB of scratch.
 PARTWAY_RECIPE = TINY_RECIPE.replace(
     "def training_step(model, batch):\n",

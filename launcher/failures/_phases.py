@@ -12,12 +12,15 @@ import re
 # Where in the training step an error was raised, read off its traceback (or the launcher's own
 # report). Listed by precedence: a traceback through optimizer.step() whose innermost frame runs a
 # forward (activation checkpointing recomputes one inside backward) is still about what the outer
-# frame was doing.
+# frame was doing. A call of a function merely *named* ``optimizer_step(...)`` is not evidence: the
+# rendered scripts' ``optimizer_step`` is the whole step (forward and backward of each
+# micro-batch, then the update), so every traceback out of their loop passes through that call;
+# where the update itself failed, ``optimizer.step()`` or torch/optim/ frames say so.
 PHASES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("optimizer", re.compile(
         r"exp_avg|torch/optim/|/optim/\w+\.py|\boptimi[sz]er\w*\.step\(|_multi_tensor_adam|"
         r"_single_tensor_adam|_fused_adam|fused_adam|initialize_optimizer_states|_optimizer_step|"
-        r"optimizer_step\(|/zero/stage\w*\.py\", line \d+, in (?:step|_optimizer_step)|"
+        r"/zero/stage\w*\.py\", line \d+, in (?:step|_optimizer_step)|"
         r"clip_grad_norm")),
     ("init", re.compile(
         r"DistributedDataParallel\(|FullyShardedDataParallel\(|\bFSDP\(|\bDDP\(|"

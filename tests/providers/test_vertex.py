@@ -738,6 +738,109 @@ def test_cuda_oom_on_one_rank_of_a_multi_node_job_cancels_it_and_resubmits(
     assert len(body2.job_spec.worker_pool_specs) == 2
 
 
+def rendered_traceback(rank: int, last_frames: list[str]) -> list[str]:
+    """A rank's traceback out of the rendered script's loop, as its ``[rankN]:`` lines: main ->
+    train -> optimizer_step (the whole step) -> ``last_frames``."""
+    script = "/tmp/workerpool1-0-x/launch-y/launch_train.py"
+    return [f"[rank{rank}]:{text}" for text in [
+        "Traceback (most recent call last):",
+        f'  File "{script}", line 124, in main',
+        "    train(plan, runtime, progress)",
+        f'  File "{script}", line 176, in train',
+        "    step_loss = optimizer_step(model, optimizer, batches, recipe, plan, runtime, progress)",
+        "                ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^",
+        *last_frames,
+    ]]
+
+
+FORWARD_OOM_FRAMES = [
+    '  File "/tmp/workerpool1-0-x/launch-y/launch_train.py", line 246, in optimizer_step',
+    "    micro_loss = recipe.training_step(model, batch)",
+    '  File "/tmp/workerpool1-0-x/launch-y/code/train.py", line 32, in training_step',
+    "    logits = model(batch['x'])",
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 1 has a total "
+    "capacity of 39.39 GiB of which 1.20 GiB is free.",
+]
+
+
+def test_a_forward_oom_whose_templates_line_the_stop_cut_off_is_still_read_as_activations(
+        fake, storage_emulator, bucket, tmp_path):
+    """The rendered script prints the traceback first and its ``{"launch": "oom"}`` line only
+    after freeing memory; a slow log pipeline (torchrun's --tee tailing, a loaded machine) shows
+    the traceback more than STOP_GRACE_S before that line, and the stop kills the process before
+    it is printed. The diagnosis then rests on the traceback alone, and must still say forward /
+    activations, the same as the templates' line would: the frame of the rendered script's own
+    ``optimizer_step(...)`` (the whole step) is not an optimizer-phase frame."""
+    from launcher.remedies import replan
+    from launcher.runs import Run
+    from launcher.spec import Spec
+    from launcher.supervisor import STOP_GRACE_S, Supervisor
+
+    fake.script(
+        state("JOB_STATE_PENDING"), state("JOB_STATE_RUNNING", 0.05),
+        *[log(f"workerpool{r // 2}-0", metrics(r, 2)) for r in range(4)],
+        *[log("workerpool1-0", line) for line in rendered_traceback(3, FORWARD_OOM_FRAMES)],
+        # The templates' line would come now, after the stop: never written.
+        sleep(20 * STOP_GRACE_S),
+        log("workerpool1-0", OOM, insert_id="oom"),
+        wait_cancel(60, "NCCL watchdog timeout"),
+    )
+    fake.script(
+        state("JOB_STATE_RUNNING"),
+        log("workerpool0-0", '[rank0]:{"launch": "resume", "rank": 0, "step": 2}'),
+        *[log(f"workerpool{r // 2}-0", f'[rank{r}]:{{"launch": "done", "rank": {r}, "step": 4}}')
+          for r in range(4)],
+        finish("JOB_STATE_SUCCEEDED"),
+    )
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "train.py").write_text(textwrap.dedent(TINY_RECIPE))
+    spec = Spec(script=code / "train.py", mode="recipe", provider="vertex", max_attempts=2,
+                region=REGION, project=PROJECT, bucket=bucket)
+    run = Run.create(tmp_path / "state", "train", {"provider": "vertex", "spec": spec.to_dict()})
+    provider = provider_for(fake, storage_emulator, bucket, "grpc")
+    notes: list[str] = []
+    supervisor = Supervisor(provider, run, on_line=lambda line: None, on_note=notes.append,
+                            replan=lambda plan, failure: replan(plan, failure),
+                            poll_interval_s=0.01)
+    outcome = supervisor.launch(spec, make_plan(nodes=2, gpus_per_node=2, global_batch_size=16))
+
+    assert outcome.status == ExitStatus.SUCCESS, (outcome.message, notes)
+    first, second = outcome.attempts
+    assert "oom" not in fake.written  # stopped on the traceback, before the templates' line
+    assert first.outcome == "oom" and first.diagnosis["signature"] != "launch_oom_event"
+    assert first.diagnosis["phase"] == "forward" and first.diagnosis["cause"] == "activations"
+    assert first.diagnosis["rank"] == 3, first.diagnosis
+    body2 = fake.calls_to("CreateCustomJob")[1].request.custom_job
+    env2 = {e.name: e.value for e in body2.job_spec.worker_pool_specs[0].container_spec.env}
+    assert env2["LAUNCH_MICRO_BATCH_SIZE"] == "2" and env2["LAUNCH_GRAD_ACCUM_STEPS"] == "2"
+
+
+@pytest.mark.parametrize("last_frames, phase", [
+    (FORWARD_OOM_FRAMES, "forward"),
+    (['  File "/tmp/launch_train.py", line 252, in optimizer_step',
+      "    (micro_loss / accum).backward()",
+      '  File "/usr/lib/python3/site-packages/torch/autograd/__init__.py", line 347, in backward',
+      "    _engine_run_backward(",
+      "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB."], "backward"),
+    (['  File "/tmp/launch_train.py", line 260, in optimizer_step',
+      "    optimizer.step()",
+      '  File "/usr/lib/python3/site-packages/torch/optim/adamw.py", line 220, in step',
+      "    exp_avg_sq = torch.zeros_like(p)",
+      "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB."], "optimizer"),
+], ids=["forward", "backward", "optimizer"])
+def test_the_phase_of_a_rendered_scripts_traceback_is_where_inside_the_step_it_failed(
+        last_frames, phase):
+    """Without the templates' line, the phase comes from the traceback: the innermost frames of
+    the step, not the name of the rendered script's ``optimizer_step`` every traceback passes."""
+    from launcher.failures import LogWatcher
+
+    watcher = LogWatcher(platform="vertex")
+    for line in rendered_traceback(1, last_frames):
+        watcher.feed(f"workerpool0-0: {line}")
+    assert watcher.result().phase == phase
+
+
 @pytest.mark.parametrize("with_entry", [True, False], ids=["service-entry", "error-only"])
 def test_a_host_oom_kill_is_read_from_vertex_ai_itself(fake, storage_emulator, bucket, tmp_path,
                                                        with_entry):
