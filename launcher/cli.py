@@ -23,6 +23,16 @@ import click
 
 from launcher import __version__
 from launcher.context import Environment
+from launcher.options import (
+    CLOUDS,
+    CONFIG_COMMANDS,
+    DOCTOR_OPTIONS,
+    PLAN_ONLY,
+    PLAN_OPTIONS,
+    RUN_ONLY,
+    Option,
+    either,
+)
 from launcher.runner import RunInterrupted, Runner, RunResult
 from launcher.status import ExitStatus, LaunchError, UsageError
 
@@ -68,96 +78,53 @@ def common(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
-PLAN_OPTIONS: list[Callable[..., Any]] = [
-    click.argument("script", type=click.Path(path_type=Path)),
-    click.option("--provider", envvar="LAUNCH_PROVIDER", default="local", show_default=True,
-                 help="Where to run: local, vertex or sagemaker."),
-    click.option("--strategy", help="Pin the strategy: single, ddp, fsdp, hybrid_shard, smp_v2."),
-    click.option("--machine", help="Pin the machine type (cloud providers)."),
-    click.option("--nodes", type=int, help="Pin the number of nodes."),
-    click.option("--gpus-per-node", type=int,
-                 help="Pin the processes per node (GPUs; CPU processes on the local CPU)."),
-    click.option("--micro-batch-size", type=int, help="Pin the per-process micro-batch."),
-    click.option("--global-batch-size", type=int, help="Samples per optimizer step."),
-    click.option("--precision", help="Pin the precision: fp32, bf16_mixed, bf16."),
-    click.option("--optimizer", help="Pin the optimizer: adamw, sgd, adafactor, adam8bit."),
-    click.option("--optimizer-impl",
-                 help="How the script's optimizer steps: foreach (PyTorch's default on CUDA, "
-                      "a whole group at once) or for-loop (one parameter at a time: "
-                      "foreach=False, transformers' AdamW); sets its temporaries."),
-    click.option("--activation-checkpointing/--no-activation-checkpointing", default=None,
-                 help="Pin activation checkpointing of the wrap_modules() blocks."),
-    click.option("--checkpointing",
-                 help="Pin how the wrap_modules() blocks are checkpointed: none, selective "
-                      "(keep matmul and attention outputs, recompute the rest), full."),
-    click.option("--seq-len", type=int, help="Sequence length (for the estimate)."),
-    click.option("--steps", type=int, help="Optimizer steps to train."),
-    click.option("--lr", type=float, help="Learning rate."),
-    click.option("--params", callback=_count,
-                 help="A plain script's parameter count, like 7B (no recipe to trace)."),
-    click.option("--model-config", type=click.Path(path_type=Path),
-                 help="A Hugging Face config.json describing the model (plain scripts)."),
-    click.option("--layers", type=int, help="With --params: transformer layers."),
-    click.option("--hidden-size", type=int, help="With --params: hidden size."),
-    click.option("--heads", type=int, help="With --params: attention heads."),
-    click.option("--vocab-size", type=int, help="With --params: vocabulary size."),
-    click.option("--attention",
-                 help="With --model-config or --params: the attention kernel the estimate "
-                 "assumes: flash, efficient or math (math keeps the s x s scores; default: "
-                 "the config's, else what CUDA picks)."),
-    click.option("--region", envvar="LAUNCH_REGION", help="Cloud region."),
-    click.option("--bucket", envvar="LAUNCH_BUCKET", help="Bucket for code and checkpoints."),
-    click.option("--project", envvar="LAUNCH_PROJECT", help="Google Cloud project (Vertex)."),
-    click.option("--service-account", envvar="LAUNCH_SERVICE_ACCOUNT",
-                 help="Service account the job runs as (Vertex)."),
-    click.option("--role", envvar="LAUNCH_ROLE", help="Execution role ARN (SageMaker)."),
-    click.option("--spot/--no-spot", default=None, envvar="LAUNCH_SPOT",
-                 help="Use spot capacity."),
-    click.option("--max-attempts", type=int, envvar="LAUNCH_MAX_ATTEMPTS",
-                 help="Attempts before giving up on out-of-memory (default 3)."),
-    click.option("--budget", type=float, envvar="LAUNCH_BUDGET", help="Most USD to spend."),
-    click.option("--image", help="Training container image (cloud providers)."),
-    click.option("--timeout", help="Longest a cloud job may run, like 90m, 12h or 2d."),
-    click.option("--memory-limit", callback=_size,
-                 help="Local: cap each process's memory, like 2GiB (reproduces an OOM on CPU)."),
-]
+def _option(option: Option) -> Callable[..., Any]:
+    """The click option of one entry of the table in ``launcher.options``."""
+    decls = [option.flag, *([option.param_name] if option.param_name else [])]
+    kwargs: dict[str, Any] = {}
+    if option.kind == "bool" and "/" not in option.flag:
+        kwargs["is_flag"] = True
+    elif "/" in option.flag or option.default is not None:
+        kwargs["default"] = option.default  # an on/off pair is unset (None) unless given
+    if option.kind == "int":
+        kwargs["type"] = int
+    elif option.kind == "float":
+        kwargs["type"] = float
+    elif option.kind == "path":
+        kwargs["type"] = click.Path(path_type=Path)
+    elif option.kind in ("count", "size"):
+        kwargs["callback"] = _count if option.kind == "count" else _size
+    if option.envvar:
+        kwargs["envvar"] = option.envvar
+    if option.show_default:
+        kwargs["show_default"] = True
+    if option.required:
+        kwargs["required"] = True
+    return click.option(*decls, help=option.help, **kwargs)
 
 
-def plan_options(fn: Callable[..., Any], script_required: bool = True) -> Callable[..., Any]:
-    options = PLAN_OPTIONS if script_required else [
-        click.argument("script", type=click.Path(path_type=Path), required=False),
-        *PLAN_OPTIONS[1:]]
-    for option in reversed(options):
-        fn = option(fn)
+def table_options(options: tuple[Option, ...]) -> Callable[..., Any]:
+    """A decorator adding ``options`` (a table of ``launcher.options``), in their order."""
+
+    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+        for option in reversed(options):
+            fn = _option(option)(fn)
+        return fn
+
+    return decorate
+
+
+def plan_options(fn: Callable[..., Any], script_required: bool = True,
+                 own: tuple[Option, ...] = ()) -> Callable[..., Any]:
+    """SCRIPT, the options of plan and run and then the command's ``own``, --json and --debug."""
+    fn = table_options(PLAN_OPTIONS + own)(fn)
+    fn = click.argument("script", type=click.Path(path_type=Path), required=script_required)(fn)
     return common(fn)
 
 
-#: The commands a config file is read for: it gives their options' defaults.
-CONFIG_COMMANDS = ("run", "plan", "doctor")
-
-
-def config_keys() -> dict[str, Any]:
-    """Every key a config file may hold, name -> ``spec.ConfigKey``: the options of run, plan and
-    doctor (named as their flags: ``global_batch_size``, ``report``; not --json or --debug) and
-    every setting of a provider's settings class (SageMaker's ``s3_prefix``, ``job_prefix``,
-    ``aws_max_attempts`` ...; Vertex's settings are all options)."""
-    from launcher.providers.sagemaker import SageMakerSettings
-    from launcher.spec import ConfigKey, settings_kinds
-
-    keys: dict[str, Any] = {}
-    for name in CONFIG_COMMANDS:
-        for param in cli.commands[name].params:
-            if not isinstance(param, click.Option) or param.name in ("as_json", "debug"):
-                continue
-            flag = next(o for o in param.opts if o.startswith("--"))
-            key = flag.removeprefix("--").replace("-", "_")
-            keys.setdefault(key, ConfigKey(key, _kind(param), param.name))
-    for key, kind in settings_kinds(SageMakerSettings).items():
-        keys.setdefault(key, ConfigKey(key, kind))
-    return keys
-
-
 def _kind(param: click.Option) -> str:
+    """The kind of a click option's value, read back from the option (tests check it against
+    the table it was built from)."""
     if param.callback is _count:
         return "count"
     if param.callback is _size:
@@ -245,11 +212,7 @@ def _progress(env: Environment, quiet: bool) -> Callable[[str], Any]:
 
 
 @cli.command("plan")
-@functools.partial(plan_options, script_required=False)
-@click.option("--all", "show_all", is_flag=True,
-              help="Show every candidate, not the best one per strategy and machine family.")
-@click.option("--report", "report_path", type=click.Path(path_type=Path),
-              help="Also write the plan as an HTML page (a CI artifact).")
+@functools.partial(plan_options, script_required=False, own=PLAN_ONLY)
 def plan_command(as_json: bool, debug: bool, report_path: Path | None, show_all: bool,
                  **options: Any) -> None:
     """Dry run: estimate, choose a plan, show it. Starts nothing, spends nothing."""
@@ -267,9 +230,7 @@ def plan_command(as_json: bool, debug: bool, report_path: Path | None, show_all:
 
 
 @cli.command("run")
-@plan_options
-@click.option("--cancel-on-interrupt", is_flag=True,
-              help="On Ctrl-C, cancel the job instead of detaching from it.")
+@functools.partial(plan_options, own=RUN_ONLY)
 def run_command(as_json: bool, debug: bool, cancel_on_interrupt: bool, **options: Any) -> None:
     """Plan, render, submit and follow a training run (the default command)."""
     from launcher.report import console, print_plan
@@ -328,7 +289,7 @@ def _finish(env: Environment, out: Any, result: RunResult, as_json: bool) -> Non
 
 @cli.command("explain")
 @click.argument("log")
-@click.option("--platform", type=click.Choice(["vertex", "sagemaker", "local"]),
+@click.option("--platform", type=click.Choice([*CLOUDS, "local"]),
               help="Where the log comes from (a bare SIGKILL means host OOM on the clouds).")
 @common
 def explain_command(log: str, platform: str | None, as_json: bool, debug: bool) -> None:
@@ -360,7 +321,7 @@ def explain_command(log: str, platform: str | None, as_json: bool, debug: bool) 
 
 @cli.command("machines")
 @click.option("--provider", envvar="LAUNCH_PROVIDER", default="vertex", show_default=True,
-              help="Whose catalog: vertex or sagemaker.")
+              help=f"Whose catalog: {either(CLOUDS)}.")
 @click.option("--gpu", help="Only machines with this GPU (e.g. A100-80GB, H100, L4).")
 @common
 def machines_command(provider: str, gpu: str | None, as_json: bool, debug: bool) -> None:
@@ -395,14 +356,7 @@ def machines_command(provider: str, gpu: str | None, as_json: bool, debug: bool)
 
 
 @cli.command("doctor")
-@click.option("--provider", envvar="LAUNCH_PROVIDER", required=True, help="vertex or sagemaker.")
-@click.option("--region", envvar="LAUNCH_REGION", help="Cloud region.")
-@click.option("--bucket", envvar="LAUNCH_BUCKET", help="Bucket for code and checkpoints.")
-@click.option("--project", envvar="LAUNCH_PROJECT", help="Google Cloud project (Vertex).")
-@click.option("--service-account", envvar="LAUNCH_SERVICE_ACCOUNT",
-              help="The jobs' service account (Vertex).")
-@click.option("--role", envvar="LAUNCH_ROLE", help="Execution role ARN (SageMaker).")
-@click.option("--machine", help="Also check the GPU quota of this machine type.")
+@table_options(DOCTOR_OPTIONS)
 @common
 def doctor_command(provider: str, as_json: bool, debug: bool, **options: Any) -> None:
     """Check credentials, account, bucket, role, permissions and GPU quota for a cloud."""
@@ -505,7 +459,7 @@ def main(args: list[str] | None = None, env: Environment | None = None) -> int:
             from launcher.spec import load_config
 
             try:
-                config, _source = load_config(env.cwd, config_keys())
+                config, _source = load_config(env.cwd)
             except UsageError:
                 if not {"--help", "-h"} & set(args):
                     raise

@@ -248,7 +248,7 @@ def inspect_framework(path: Path, detected: Detected, *, python: str = sys.execu
     """``launcher.recipe.inspect_script`` for a framework script: a ``ScriptInfo`` of mode
     ``script`` (it runs as it is) with the capture's model size, the framework's settings as
     ``LAUNCH`` defaults (global batch, lr, steps, clipping) and the recipe to trace."""
-    from launcher.recipe import Hardware, ScriptInfo
+    from launcher.script_info import Hardware, ScriptInfo
 
     if folder is None:  # the state dir's, as hf_recipes; else one per user under the tmp dir
         state = (env if env is not None else os.environ).get("LAUNCH_STATE_DIR")

@@ -24,7 +24,7 @@ from launcher.estimate.states import model_states
 from launcher.plan.plan import Memory
 from launcher.plan.planner import PlanResult, plan
 from launcher.plan.targets import calibrated, cloud_targets, local_target
-from launcher.recipe import ScriptInfo
+from launcher.script_info import ScriptInfo
 from launcher.spec import Spec
 from launcher.status import UsageError
 

@@ -16,49 +16,15 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from launcher.script_info import Hardware, ScriptInfo
 from launcher.status import UsageError
 
 REQUIRED_HOOKS = ("build_model", "example_batch", "training_step")
 OPTIONAL_HOOKS = ("build_dataloader", "build_optimizer", "wrap_modules")
 DEFAULT_TIMEOUT_S = 120.0
-
-
-@dataclass(frozen=True)
-class Hardware:
-    """What the local machine offers, as torch sees it (asked in the child, not the CLI)."""
-
-    cuda_devices: int = 0
-    cuda_name: str | None = None
-    cuda_memory_bytes: int | None = None
-    host_memory_bytes: int | None = None
-    cpus: int = 1
-
-
-@dataclass(frozen=True)
-class ScriptInfo:
-    path: Path
-    mode: Literal["recipe", "script"]
-    hooks: tuple[str, ...] = ()
-    launch: dict[str, Any] = field(default_factory=dict)
-    parameters: int | None = None
-    trainable_parameters: int | None = None
-    parameter_bytes: int | None = None
-    buffer_bytes: int | None = None
-    wrap_modules: tuple[str, ...] = ()
-    unit_parameters: int | None = None
-    flops_per_sample: float | None = None
-    hardware: Hardware = field(default_factory=Hardware)
-    #: A framework script (launcher/frameworks.py): hf_trainer | accelerate | lightning, the
-    #: recipe generated from what it built (None when it never reached training), a Hugging
-    #: Face config it built a model from (for the analytic estimate then), and notes.
-    framework: str | None = None
-    framework_recipe: Path | None = None
-    framework_config: Path | None = None
-    notes: tuple[str, ...] = ()
 
 
 def classify(path: Path) -> tuple[Literal["recipe", "script"], tuple[str, ...]]:

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from launcher.plan.catalog import Machine
     from launcher.plan.planner import PlanResult
     from launcher.providers.base import Provider
-    from launcher.recipe import ScriptInfo
+    from launcher.script_info import ScriptInfo
     from launcher.spec import Spec
 
 #: The script of a plan that has none (``launch plan --params 7B``): never a file.

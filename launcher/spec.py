@@ -18,17 +18,17 @@ import json
 import math
 import re
 import tomllib
-import typing
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from launcher.estimate.analytic import ATTENTION
 from launcher.estimate.footprint import OPTIMIZER_IMPLEMENTATIONS
+from launcher.options import ConfigKey, config_keys, option_keys
 from launcher.plan.plan import CHECKPOINTING, OPTIMIZERS, PRECISIONS, STRATEGIES
 from launcher.providers import names as provider_names
-from launcher.recipe import ScriptInfo
+from launcher.script_info import ScriptInfo
 from launcher.status import UsageError
 
 #: Keys a recipe's LAUNCH dict may set, with their types (bool before int: bool is an int).
@@ -142,25 +142,11 @@ class Spec:
 
 # -- the config file ---------------------------------------------------------------------------
 
-#: What a config key's value must be: ``count`` and ``size`` are numbers or text like ``7B`` and
-#: ``2GiB``; ``path`` is text.
-Kind = Literal["int", "float", "bool", "str", "path", "count", "size"]
 _KIND_WORDS: dict[str, str] = {
     "int": "a whole number", "float": "a number", "bool": "true or false", "str": "text",
     "path": "a path (text)", "count": "a count like 7B or 7000000000",
     "size": "a size like 2GiB or 2147483648",
 }
-
-
-@dataclass(frozen=True)
-class ConfigKey:
-    """A key a config file may hold: ``name`` as written (``-`` or ``_``), what its value must be,
-    and the command-line option it is the default of (``None``: a provider setting only, like
-    SageMaker's ``s3_prefix``, which reaches the provider as it is)."""
-
-    name: str
-    kind: Kind
-    param: str | None = None
 
 
 class Config(dict[str, Any]):
@@ -188,32 +174,13 @@ class Config(dict[str, Any]):
         return {k: v for k, v in self.items() if k not in taken}
 
 
-def settings_kinds(cls: type) -> dict[str, Kind]:
-    """The config keys a provider's settings dataclass takes, each with its kind, from the
-    dataclass's own field types (``int | None`` is ``int``)."""
-    hints = typing.get_type_hints(cls)
-    kinds: dict[str, Kind] = {}
-    for f in dataclasses.fields(cls):
-        types = {t for t in typing.get_args(hints[f.name]) or (hints[f.name],)
-                 if t is not type(None)}
-        for python, kind in ((bool, "bool"), (int, "int"), (float, "float"), (str, "str")):
-            if python in types:
-                kinds[f.name] = kind  # type: ignore[assignment]
-                break
-    return kinds
-
-
 def load_config(cwd: Path, keys: Mapping[str, ConfigKey] | None = None) -> tuple[Config,
                                                                                   Path | None]:
     """The nearest ``launch.toml`` or ``pyproject.toml`` ``[tool.launch]``, searching upward,
     checked against ``keys`` (by default every option of run, plan and doctor and every provider
-    setting: ``launcher.cli.config_keys()``). A key it does not know, a value of the wrong type,
-    a number that is not finite or text with control characters is a :class:`UsageError` that
-    names the file and the key."""
-    if keys is None:
-        from launcher.cli import config_keys
-
-        keys = config_keys()
+    setting: ``launcher.options.config_keys()``, the providers' asked only for a key that is no
+    option). A key it does not know, a value of the wrong type, a number that is not finite or
+    text with control characters is a :class:`UsageError` that names the file and the key."""
     for folder in (cwd, *cwd.parents):
         for name in ("launch.toml", "pyproject.toml"):
             path = folder / name
@@ -234,6 +201,10 @@ def load_config(cwd: Path, keys: Mapping[str, ConfigKey] | None = None) -> tuple
                 if not isinstance(data, dict):
                     raise UsageError(f"{path}: [tool.launch] must be a table of settings, not "
                                      f"{_show(data)}", "write it as [tool.launch] key = value")
+            if keys is None:  # the providers are imported only for a key that is no option
+                keys = option_keys()
+                if any(str(raw).replace("-", "_") not in keys for raw in data):
+                    keys = config_keys()
             return _checked(data, path, table, keys), path
     return Config(), None
 

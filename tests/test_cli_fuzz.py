@@ -25,8 +25,9 @@ import click
 import pytest
 
 from launcher import recipe as recipe_module
-from launcher.cli import _kind, config_keys
+from launcher.cli import _kind
 from launcher.cli import cli as launch_group
+from launcher.options import config_keys
 from launcher.plan.plan import OPTIMIZERS, PRECISIONS, STRATEGIES
 from launcher.spec import LAUNCH_KEYS
 

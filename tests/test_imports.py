@@ -24,15 +24,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "launcher"
 #: would remove it. Both are in code being changed by others as this test was written; each is
 #: a function-level import, so nothing fails at import time, but the two modules cannot be read
 #: or moved apart. ``test_the_allowlists_are_still_needed`` fails once one is gone.
-CIRCLE_EDGES: dict[tuple[str, str], str] = {
-    # spec.load_config checks a config file against every CLI option by default
-    # (cli.config_keys() reads the click commands); the option table would have to leave cli.py.
-    ("launcher.spec", "launcher.cli"): "load_config's default keys are the CLI's options",
-    # recipe.inspect_script hands a framework script to launcher.frameworks, which builds the
-    # ScriptInfo and Hardware defined in recipe.py; those dataclasses would have to move to a
-    # small module of their own (the framework shim is in progress).
-    ("launcher.recipe", "launcher.frameworks"): "frameworks builds recipe's ScriptInfo",
-}
+CIRCLE_EDGES: dict[tuple[str, str], str] = {}
 
 #: Cross-package imports of a private module (``launcher.a._m`` from outside ``launcher.a``), each
 #: with why it stays. A private module may always be imported from inside its own package (the

@@ -17,9 +17,9 @@ import click
 import pytest
 
 from launcher.cli import cli as launch_group
-from launcher.cli import config_keys
+from launcher.options import config_keys
 from launcher.providers.sagemaker import SageMakerSettings
-from launcher.recipe import ScriptInfo
+from launcher.script_info import ScriptInfo
 from launcher.spec import (
     DEFAULTS,
     INT_RANGES,
@@ -79,6 +79,19 @@ def test_config_keys_are_the_options_and_the_provider_settings():
     assert keys["aws_max_attempts"].kind == "int" and keys["budget"].kind == "float"
     assert keys["params"].kind == "count" and keys["memory_limit"].kind == "size"
     assert keys["spot"].kind == "bool" and keys["model_config"].kind == "path"
+
+
+def test_the_click_options_are_the_tables_options():
+    """cli.py builds run's, plan's and doctor's options from launcher.options: each config key
+    is the option's flag, of the option's kind, given to the option's parameter."""
+    from launcher.cli import _kind
+
+    keys = config_keys()
+    for name in ("run", "plan", "doctor"):
+        for param in launch_group.commands[name].params:
+            if isinstance(param, click.Option) and param.name not in ("as_json", "debug"):
+                key = keys[next(o for o in param.opts if o.startswith("--"))[2:].replace("-", "_")]
+                assert (key.kind, key.param) == (_kind(param), param.name), key
 
 
 def test_a_typo_names_the_key_and_suggests_the_right_one(cli, plain, tmp_path):

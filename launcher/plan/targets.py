@@ -8,7 +8,7 @@ from pathlib import Path
 from launcher.estimate.calibration import lookup
 from launcher.plan.catalog import UnknownMachine, load_catalog
 from launcher.plan.memory import Target
-from launcher.recipe import Hardware
+from launcher.script_info import Hardware
 from launcher.spec import Spec
 from launcher.status import UsageError
 

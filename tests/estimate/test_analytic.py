@@ -235,7 +235,7 @@ def test_config_attn_implementation_names_the_kernel():
 
 
 def test_attention_flag_is_a_checked_choice(tmp_path):
-    from launcher.recipe import ScriptInfo
+    from launcher.script_info import ScriptInfo
     from launcher.spec import build_spec
     from launcher.status import UsageError
 

@@ -156,7 +156,7 @@ def test_a_for_loop_adamw_holds_two_copies_of_the_largest_parameter():
 
 
 def test_optimizer_impl_is_a_checked_choice(tmp_path):
-    from launcher.recipe import ScriptInfo
+    from launcher.script_info import ScriptInfo
     from launcher.spec import build_spec
     from launcher.status import UsageError
 

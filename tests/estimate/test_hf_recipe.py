@@ -21,7 +21,7 @@ import pytest
 from launcher.estimate import analytic
 from launcher.estimate.footprint import Footprint
 from launcher.estimate.hf_recipe import RECIPE_SOURCE, SIDECAR_NAME, write_recipe
-from launcher.recipe import Hardware, ScriptInfo
+from launcher.script_info import Hardware, ScriptInfo
 from launcher.spec import Spec
 
 SEQ_LEN = 32

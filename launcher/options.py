@@ -1,0 +1,205 @@
+"""The options of `launch run`, `launch plan` and `launch doctor` as data, and the config keys.
+
+``cli.py`` builds its click options from these tables; ``spec.load_config`` checks a config file
+(``launch.toml``, ``[tool.launch]``) against ``config_keys()``: every one of these options, named
+as its flag (``global_batch_size``, ``report``), and every setting of a provider's settings
+class (SageMaker's ``s3_prefix``, ``job_prefix`` ...). One table, read by both, so neither
+imports the other. Nothing here imports click or a provider package at import time (`launch
+--help` reads it): the providers are named from the registry (``launcher.providers.names``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from launcher.providers import names as provider_names
+
+#: What an option's or config key's value must be: ``count`` and ``size`` are numbers or text
+#: like ``7B`` and ``2GiB``; ``path`` is text.
+Kind = Literal["int", "float", "bool", "str", "path", "count", "size"]
+
+
+@dataclass(frozen=True)
+class ConfigKey:
+    """A key a config file may hold: ``name`` as written (``-`` or ``_``), what its value must be,
+    and the command-line option it is the default of (``None``: a provider setting only, like
+    SageMaker's ``s3_prefix``, which reaches the provider as it is)."""
+
+    name: str
+    kind: Kind
+    param: str | None = None
+
+
+@dataclass(frozen=True)
+class Option:
+    """One command-line option: its flag (``--spot/--no-spot`` for an on/off pair, which is
+    unset unless given), the parameter it is passed as when that is not the flag's name
+    (``--report``: ``report_path``), the kind of its value, and what ``--help`` says of it."""
+
+    flag: str
+    help: str
+    kind: Kind = "str"
+    param_name: str | None = None
+    envvar: str | None = None
+    default: str | None = None
+    show_default: bool = False
+    required: bool = False
+
+    @property
+    def key(self) -> str:
+        """Its name in a config file (and click's parameter name, unless ``param_name``)."""
+        return self.flag.split("/")[0].removeprefix("--").replace("-", "_")
+
+    @property
+    def param(self) -> str:
+        return self.param_name or self.key
+
+
+def either(words: tuple[str, ...]) -> str:
+    """``a, b or c``."""
+    return " or ".join(filter(None, (", ".join(words[:-1]), words[-1])))
+
+
+#: The providers a job can run on other than this machine (registry order).
+CLOUDS = tuple(name for name in provider_names() if name != "local")
+
+#: The options of `launch plan` and `launch run`, in ``--help``'s order (after the SCRIPT).
+PLAN_OPTIONS: tuple[Option, ...] = (
+    Option("--provider", f"Where to run: {either(provider_names())}.", envvar="LAUNCH_PROVIDER",
+           default="local", show_default=True),
+    Option("--strategy", "Pin the strategy: single, ddp, fsdp, hybrid_shard, smp_v2."),
+    Option("--machine", "Pin the machine type (cloud providers)."),
+    Option("--nodes", "Pin the number of nodes.", "int"),
+    Option("--gpus-per-node", "Pin the processes per node (GPUs; CPU processes on the local CPU).",
+           "int"),
+    Option("--micro-batch-size", "Pin the per-process micro-batch.", "int"),
+    Option("--global-batch-size", "Samples per optimizer step.", "int"),
+    Option("--precision", "Pin the precision: fp32, bf16_mixed, bf16."),
+    Option("--optimizer", "Pin the optimizer: adamw, sgd, adafactor, adam8bit."),
+    Option("--optimizer-impl",
+           "How the script's optimizer steps: foreach (PyTorch's default on CUDA, a whole group "
+           "at once) or for-loop (one parameter at a time: foreach=False, transformers' AdamW); "
+           "sets its temporaries."),
+    Option("--activation-checkpointing/--no-activation-checkpointing",
+           "Pin activation checkpointing of the wrap_modules() blocks.", "bool"),
+    Option("--checkpointing",
+           "Pin how the wrap_modules() blocks are checkpointed: none, selective (keep matmul and "
+           "attention outputs, recompute the rest), full."),
+    Option("--seq-len", "Sequence length (for the estimate).", "int"),
+    Option("--steps", "Optimizer steps to train.", "int"),
+    Option("--lr", "Learning rate.", "float"),
+    Option("--params", "A plain script's parameter count, like 7B (no recipe to trace).",
+           "count"),
+    Option("--model-config", "A Hugging Face config.json describing the model (plain scripts).",
+           "path"),
+    Option("--layers", "With --params: transformer layers.", "int"),
+    Option("--hidden-size", "With --params: hidden size.", "int"),
+    Option("--heads", "With --params: attention heads.", "int"),
+    Option("--vocab-size", "With --params: vocabulary size.", "int"),
+    Option("--attention",
+           "With --model-config or --params: the attention kernel the estimate assumes: flash, "
+           "efficient or math (math keeps the s x s scores; default: the config's, else what "
+           "CUDA picks)."),
+    Option("--region", "Cloud region.", envvar="LAUNCH_REGION"),
+    Option("--bucket", "Bucket for code and checkpoints.", envvar="LAUNCH_BUCKET"),
+    Option("--project", "Google Cloud project (Vertex).", envvar="LAUNCH_PROJECT"),
+    Option("--service-account", "Service account the job runs as (Vertex).",
+           envvar="LAUNCH_SERVICE_ACCOUNT"),
+    Option("--role", "Execution role ARN (SageMaker).", envvar="LAUNCH_ROLE"),
+    Option("--spot/--no-spot", "Use spot capacity.", "bool", envvar="LAUNCH_SPOT"),
+    Option("--max-attempts", "Attempts before giving up on out-of-memory (default 3).", "int",
+           envvar="LAUNCH_MAX_ATTEMPTS"),
+    Option("--budget", "Most USD to spend.", "float", envvar="LAUNCH_BUDGET"),
+    Option("--image", "Training container image (cloud providers)."),
+    Option("--timeout", "Longest a cloud job may run, like 90m, 12h or 2d."),
+    Option("--memory-limit",
+           "Local: cap each process's memory, like 2GiB (reproduces an OOM on CPU).", "size"),
+)
+#: `launch plan`'s own options, after PLAN_OPTIONS.
+PLAN_ONLY: tuple[Option, ...] = (
+    Option("--all", "Show every candidate, not the best one per strategy and machine family.",
+           "bool", param_name="show_all"),
+    Option("--report", "Also write the plan as an HTML page (a CI artifact).", "path",
+           param_name="report_path"),
+)
+#: `launch run`'s own option, after PLAN_OPTIONS.
+RUN_ONLY: tuple[Option, ...] = (
+    Option("--cancel-on-interrupt", "On Ctrl-C, cancel the job instead of detaching from it.",
+           "bool"),
+)
+#: The options of `launch doctor`.
+DOCTOR_OPTIONS: tuple[Option, ...] = (
+    Option("--provider", f"{either(CLOUDS)}.", envvar="LAUNCH_PROVIDER", required=True),
+    Option("--region", "Cloud region.", envvar="LAUNCH_REGION"),
+    Option("--bucket", "Bucket for code and checkpoints.", envvar="LAUNCH_BUCKET"),
+    Option("--project", "Google Cloud project (Vertex).", envvar="LAUNCH_PROJECT"),
+    Option("--service-account", "The jobs' service account (Vertex).",
+           envvar="LAUNCH_SERVICE_ACCOUNT"),
+    Option("--role", "Execution role ARN (SageMaker).", envvar="LAUNCH_ROLE"),
+    Option("--machine", "Also check the GPU quota of this machine type."),
+)
+
+#: The commands a config file is read for (it gives their options' defaults), with their options.
+CONFIG_COMMANDS: dict[str, tuple[Option, ...]] = {
+    "run": PLAN_OPTIONS + RUN_ONLY,
+    "plan": PLAN_OPTIONS + PLAN_ONLY,
+    "doctor": DOCTOR_OPTIONS,
+}
+
+
+def settings_kinds(cls: type) -> dict[str, Kind]:
+    """The config keys a provider's settings dataclass takes, each with its kind, from the
+    dataclass's own field types (``int | None`` is ``int``)."""
+    hints = typing.get_type_hints(cls)
+    kinds: dict[str, Kind] = {}
+    for f in dataclasses.fields(cls):
+        types = {t for t in typing.get_args(hints[f.name]) or (hints[f.name],)
+                 if t is not type(None)}
+        for python, kind in ((bool, "bool"), (int, "int"), (float, "float"), (str, "str")):
+            if python in types:
+                kinds[f.name] = kind  # type: ignore[assignment]
+                break
+    return kinds
+
+
+def provider_settings() -> dict[str, Kind]:
+    """Every registered provider's settings that are config keys: the fields of the settings
+    dataclass its constructor takes as ``settings`` (SageMaker's); a provider without one
+    (Vertex, local) takes only options. Imports every provider package (no cloud SDK)."""
+    import inspect
+
+    from launcher.providers import provider_class
+
+    kinds: dict[str, Kind] = {}
+    for name in provider_names():
+        cls = provider_class(name)
+        if "settings" not in inspect.signature(cls).parameters:
+            continue
+        settings: Any = typing.get_type_hints(cls.__init__)["settings"]
+        if dataclasses.is_dataclass(settings):
+            for key, kind in settings_kinds(settings).items():
+                kinds.setdefault(key, kind)
+    return kinds
+
+
+def option_keys() -> dict[str, ConfigKey]:
+    """The config keys that are options of run, plan and doctor (named as their flags:
+    ``global_batch_size``, ``report``; not --json or --debug). Imports no provider."""
+    keys: dict[str, ConfigKey] = {}
+    for options in CONFIG_COMMANDS.values():
+        for option in options:
+            keys.setdefault(option.key, ConfigKey(option.key, option.kind, option.param))
+    return keys
+
+
+def config_keys() -> dict[str, ConfigKey]:
+    """Every key a config file may hold, name -> ``ConfigKey``: the options (``option_keys``)
+    and every setting of a provider's settings class (SageMaker's ``s3_prefix``, ``job_prefix``,
+    ``aws_max_attempts`` ...; Vertex's settings are all options)."""
+    keys = option_keys()
+    for key, kind in provider_settings().items():
+        keys.setdefault(key, ConfigKey(key, kind))
+    return keys
