@@ -20,10 +20,9 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "launcher"
 
-#: Imports that still close a circle, each dropped from the graph with why it is there and what
-#: would remove it. Both are in code being changed by others as this test was written; each is
-#: a function-level import, so nothing fails at import time, but the two modules cannot be read
-#: or moved apart. ``test_the_allowlists_are_still_needed`` fails once one is gone.
+#: Imports that close a circle, each dropped from the graph with why it is there and what would
+#: remove it (none now: the last two went with script_info.py and options.py).
+#: ``test_the_allowlists_are_still_needed`` fails once an entry is no longer needed.
 CIRCLE_EDGES: dict[tuple[str, str], str] = {}
 
 #: Cross-package imports of a private module (``launcher.a._m`` from outside ``launcher.a``), each

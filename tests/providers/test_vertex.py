@@ -747,8 +747,9 @@ def rendered_traceback(rank: int, last_frames: list[str]) -> list[str]:
         f'  File "{script}", line 124, in main',
         "    train(plan, runtime, progress)",
         f'  File "{script}", line 176, in train',
-        "    step_loss = optimizer_step(model, optimizer, batches, recipe, plan, runtime, progress)",
-        "                ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^",
+        "    step_loss = optimizer_step(model, optimizer, batches, recipe, plan, runtime, "
+        "progress)",
+        "                " + "^" * 74,
         *last_frames,
     ]]
 
