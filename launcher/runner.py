@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from launcher.context import Environment
-from launcher.runs import Attempt, Run
-from launcher.status import BadValue, ExitStatus, LaunchError, UsageError
+from launcher.runs import Attempt, Outcome, Run
+from launcher.status import BadValue, ExitStatus, JobState, LaunchError, UsageError
 
 if TYPE_CHECKING:
     from launcher.failures import Diagnosis
@@ -113,7 +113,7 @@ class AttemptStatus:
     """One attempt as recorded, and its job's state as the provider reports it now."""
 
     attempt: Attempt
-    live_state: str
+    live_state: JobState
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self.attempt), "live_state": self.live_state}
@@ -416,8 +416,9 @@ class Runner:
         supervisor = Supervisor(provider, run, on_line=on_line, on_note=_ignore)
         attempt = attempts[-1]
         supervisor.follow(attempt)
-        status = {"success": ExitStatus.SUCCESS, "oom": ExitStatus.OUT_OF_MEMORY}.get(
-            attempt.outcome or "", ExitStatus.JOB_FAILED)
+        status = (ExitStatus.SUCCESS if attempt.outcome == Outcome.SUCCESS
+                  else ExitStatus.OUT_OF_MEMORY if attempt.outcome == Outcome.OOM
+                  else ExitStatus.JOB_FAILED)
         return RunResult(run, status, run.attempts())
 
     # -- reading logs and catalogs -------------------------------------------------------------

@@ -16,17 +16,18 @@ file, never an internal one. Run folders are the user's alone (0700).
 from __future__ import annotations
 
 import contextlib
+import enum
 import fcntl
 import json
 import os
 import secrets
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
-from launcher.status import UsageError
+from launcher.status import JobState, UsageError
 
 T = TypeVar("T")
 
@@ -72,16 +73,28 @@ def read_state(path: Path, kind: type[T]) -> T | None:
     return data
 
 
+class Outcome(enum.StrEnum):
+    """How an attempt ended, as the supervisor judged it (``Attempt.outcome``); a ``str``, so
+    ``attempts.jsonl`` holds the plain value."""
+
+    SUCCESS = "success"
+    #: Out of memory: stopped, and worth a fixed plan.
+    OOM = "oom"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
 @dataclass
 class Attempt:
-    """One submission of a plan. ``state``: pending, running, succeeded, failed, cancelled."""
+    """One submission of a plan. ``state``: submitting (written ahead of the job), then the
+    job's (:class:`JobState`)."""
 
     number: int
     plan: dict[str, Any]
     change: str = ""            # what changed from the previous attempt, and why
     job_id: str | None = None
-    state: str = "pending"
-    outcome: str | None = None  # success | oom | failed | cancelled | detached
+    state: JobState = JobState.PENDING
+    outcome: Outcome | None = None
     diagnosis: dict[str, Any] | None = None
     started_at: float = field(default_factory=time.time)
     ended_at: float | None = None
@@ -89,10 +102,18 @@ class Attempt:
     summary: dict[str, Any] = field(default_factory=dict)
     cost_usd: float | None = None
 
+    def __post_init__(self) -> None:
+        # The record as read (strings) or built: the members, so each reader compares one type.
+        self.state = JobState(self.state)
+        self.outcome = None if self.outcome is None else Outcome(self.outcome)
+
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Attempt:
         names = {f.name for f in fields(cls)}
-        attempt = cls(**{k: v for k, v in data.items() if k in names})
+        try:
+            attempt = cls(**{k: v for k, v in data.items() if k in names})
+        except ValueError as exc:  # a state or outcome launch never writes
+            raise TypeError(str(exc)) from None
         if not isinstance(attempt.number, int) or not isinstance(attempt.plan, dict) or not (
                 attempt.job_id is None or isinstance(attempt.job_id, str)):
             raise TypeError("an attempt needs an integer number, a plan and a job id")
@@ -196,9 +217,7 @@ class Run:
             current = {a.number: a for a in self.attempts()}
             if number not in current:
                 raise UsageError(f"run {self.id} has no attempt {number}")
-            attempt = current[number]
-            for key, value in changes.items():
-                setattr(attempt, key, value)
+            attempt = current[number] = replace(current[number], **changes)  # read as recorded
             atomic_write(self.path / "attempts.jsonl", "".join(
                 json.dumps(asdict(a), sort_keys=True) + "\n"
                 for a in sorted(current.values(), key=lambda a: a.number)))

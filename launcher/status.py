@@ -1,4 +1,5 @@
-"""Exit statuses of `launch`: the one place they are defined (CI pipelines branch on them)."""
+"""Exit statuses of `launch`: the one place they are defined (CI pipelines branch on them); and
+the job states, which the state files and ``--json`` carry."""
 
 from __future__ import annotations
 
@@ -23,6 +24,20 @@ class ExitStatus(enum.IntEnum):
     PROVIDER_ERROR = 6
     #: Ctrl-C (128 + SIGINT).
     INTERRUPTED = 130
+
+
+class JobState(enum.StrEnum):
+    """A job's state in the launcher's words, whatever the provider: each provider maps its
+    cloud's states (``JOB_STATE_RUNNING``, ``InProgress``) to these. An attempt's record
+    (``runs.Attempt.state``) adds ``submitting``: written ahead, before the job exists. A ``str``,
+    so the state files and ``--json`` hold the plain value."""
+
+    SUBMITTING = "submitting"
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
 
 
 class LaunchError(Exception):

@@ -15,12 +15,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from launcher.events import parse_event
+from launcher.events import OomEvent, parse_event
 from launcher.plan.plan import Plan
-from launcher.providers.base import Job, Provider
+from launcher.providers.base import Job, JobState, Provider
 from launcher.remedies import Failure
 from launcher.render import RenderedJob, TrainSettings, render
-from launcher.runs import Attempt, Run
+from launcher.runs import Attempt, Outcome, Run
 from launcher.spec import Spec
 from launcher.status import ExitStatus
 
@@ -48,7 +48,7 @@ class Progress:
     peak_rss: int | None = None
     checkpoint: str | None = None
     resumed_from: int | None = None
-    oom: dict[str, Any] | None = None
+    oom: OomEvent | None = None
     done_ranks: set[int] = field(default_factory=set)
 
     def update(self, event: dict[str, Any]) -> None:
@@ -66,7 +66,7 @@ class Progress:
         elif kind == "resume" and rank == 0:
             self.resumed_from = event.get("step")
         elif kind == "oom" and self.oom is None:
-            self.oom = event
+            self.oom = OomEvent.from_event(event)
         elif kind == "done":
             self.done_ranks.add(rank)
             if rank == 0:
@@ -157,12 +157,12 @@ class Supervisor:
                          f"{plan.micro_batch_size} x {plan.grad_accum_steps} accumulation x "
                          f"{plan.world_size} process(es); job {job_id}")
             self.follow(attempt)
-            if attempt.outcome == "success":
+            if attempt.outcome == Outcome.SUCCESS:
                 return RunOutcome(self.run, ExitStatus.SUCCESS, attempts)
-            if attempt.outcome == "cancelled":
+            if attempt.outcome == Outcome.CANCELLED:
                 return RunOutcome(self.run, ExitStatus.INTERRUPTED, attempts,
                                   f"attempt {number} was cancelled")
-            if attempt.outcome != "oom":
+            if attempt.outcome != Outcome.OOM:
                 if _lost_capacity(attempt, self.provider) and number < spec.max_attempts:
                     change = ("the machine was taken away (preemption or no capacity), not a "
                               "fault of the plan: the same plan again, resumed from the last "
@@ -195,16 +195,17 @@ class Supervisor:
         that the next `status`/`attach` completes by the job's deterministic name (``adopt``)."""
         request = self.provider.dryrun(job)
         attempt = Attempt(number=job.attempt, plan=job.plan.to_dict(), change=change,
-                          state="submitting", cost_usd=cost_usd)
+                          state=JobState.SUBMITTING, cost_usd=cost_usd)
         self.run.save_attempt(attempt)
         try:
             attempt.job_id = self.provider.schedule(request)
         except Exception as exc:  # refused; an interrupt leaves "submitting", for ``adopt``
-            attempt.state, attempt.outcome, attempt.ended_at = "failed", "failed", time.time()
+            attempt.state, attempt.outcome = JobState.FAILED, Outcome.FAILED
+            attempt.ended_at = time.time()
             attempt.summary = {"message": f"not submitted: {exc}"}
             self.run.save_attempt(attempt)
             raise
-        attempt.state = "running"
+        attempt.state = JobState.RUNNING
         self.run.save_attempt(attempt)
         return attempt
 
@@ -290,17 +291,17 @@ class Supervisor:
         if diagnosis.failure == "other":
             attempt.diagnosis = diagnosis.to_dict()
         if progress.oom is not None or diagnosis.failure in MEMORY_FAILURES:
-            attempt.outcome = "oom"
-            event = {k: v for k, v in (progress.oom or {}).items() if k != "launch"}
+            attempt.outcome = Outcome.OOM
+            event = progress.oom.fields if progress.oom is not None else {}  # less "launch"
             attempt.diagnosis = {**diagnosis.to_dict(), **event}
             if seen_at is not None:
                 attempt.summary["stop_latency_s"] = round(time.monotonic() - seen_at, 3)
-        elif status.state == "succeeded":
-            attempt.outcome = "success"
-        elif status.state == "cancelled":
-            attempt.outcome = "cancelled"
+        elif status.state == JobState.SUCCEEDED:
+            attempt.outcome = Outcome.SUCCESS
+        elif status.state == JobState.CANCELLED:
+            attempt.outcome = Outcome.CANCELLED
         else:
-            attempt.outcome = "failed"
+            attempt.outcome = Outcome.FAILED
         attempt.summary = {**attempt.summary, **progress.summary(), "message": status.message}
         if most_behind:
             attempt.summary["log_behind_s"] = round(most_behind, 1)
@@ -325,14 +326,14 @@ def adopt_unrecorded(run: Run, provider: Provider) -> list[Attempt]:
     each ``submitting`` attempt's job by its deterministic name; one that was never created ends
     as failed. Returns the run's attempts as they now stand."""
     for attempt in run.attempts():
-        if attempt.state != "submitting" or attempt.job_id:
+        if attempt.state != JobState.SUBMITTING or attempt.job_id:
             continue
         job_id = provider.adopt(run.id, attempt.number, run.attempt_dir(attempt.number))
         if job_id is not None:
-            run.update_attempt(attempt.number, job_id=job_id, state="running")
+            run.update_attempt(attempt.number, job_id=job_id, state=JobState.RUNNING)
         else:
             run.update_attempt(
-                attempt.number, state="failed", outcome="failed", ended_at=time.time(),
+                attempt.number, state=JobState.FAILED, outcome=Outcome.FAILED, ended_at=time.time(),
                 summary={"message": "never submitted: the launcher stopped before the job "
                                     "was created"})
     return run.attempts()
@@ -363,5 +364,5 @@ def cancel_attempt(run: Run, provider: Provider, attempt: Attempt,
     if left:
         message += f"; processes {left} are still running"
     return run.update_attempt(
-        attempt.number, state=status.state, outcome="cancelled", exit_code=status.exit_code,
+        attempt.number, state=status.state, outcome=Outcome.CANCELLED, exit_code=status.exit_code,
         ended_at=time.time(), summary={**attempt.summary, "message": message})

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from launcher.runs import Attempt, Run, atomic_write
-from launcher.status import UsageError
+from launcher.runs import Attempt, Outcome, Run, atomic_write
+from launcher.status import JobState, UsageError
 
 
 def test_attempts_are_one_line_each_and_updated_in_place(tmp_path):
@@ -74,6 +74,34 @@ def test_concurrent_updates_of_different_attempts_are_all_kept(tmp_path):
     for t in threads:
         t.join()
     assert {a.number: a.summary["step"] for a in run.attempts()} == {1: 59, 2: 59, 3: 59}
+
+
+def test_states_and_outcomes_are_read_as_members_and_written_as_before(tmp_path):
+    """A state file holds plain strings; read back, they are the enums' members, and written
+    again the file is byte for byte what it was."""
+    run = Run.create(tmp_path, "old", {"provider": "local"})
+    line = json.dumps({"change": "", "cost_usd": None, "diagnosis": None, "ended_at": 2.0,
+                       "exit_code": 1, "job_id": "j", "number": 1, "outcome": "oom",
+                       "plan": {}, "started_at": 1.0, "state": "cancelled",
+                       "summary": {"message": "x"}}, sort_keys=True) + "\n"
+    (run.path / "attempts.jsonl").write_text(line)
+    attempt = run.attempts()[0]
+    assert attempt.state is JobState.CANCELLED and attempt.outcome is Outcome.OOM
+    run.save_attempt(attempt)
+    assert (run.path / "attempts.jsonl").read_text() == line
+    updated = run.update_attempt(1, state="failed", outcome="failed")
+    assert updated.state is JobState.FAILED and updated.outcome is Outcome.FAILED
+    with pytest.raises(ValueError):
+        Attempt(number=2, plan={}, state="lost")
+
+
+@pytest.mark.parametrize("content", ['{"number": 1, "plan": {}, "state": "lost"}',
+                                     '{"number": 1, "plan": {}, "outcome": "detached"}'])
+def test_a_state_launch_never_writes_is_a_usage_error(tmp_path, content):
+    run = Run.create(tmp_path, "bad", {"provider": "local"})
+    (run.path / "attempts.jsonl").write_text(content)
+    with pytest.raises(UsageError, match="attempts.jsonl"):
+        run.attempts()
 
 
 @pytest.mark.parametrize("content", ['{"number": 1, "plan"', "[1, 2]",

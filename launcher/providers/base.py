@@ -15,13 +15,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from launcher.plan.plan import Plan
-from launcher.status import BadValue
+from launcher.status import BadValue, JobState
 
 if TYPE_CHECKING:
     from launcher.providers.checks import Check
     from launcher.render import RenderedJob
 
-TERMINAL_STATES = ("succeeded", "failed", "cancelled")
+#: The states a job does not leave. (``JobState`` is defined in ``launcher.status``: ``runs``
+#: reads it too and may not import this module, which names ``render``, which imports ``runs``.)
+TERMINAL_STATES = (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
 
 
 @dataclass(frozen=True)
@@ -48,9 +50,12 @@ class Request(Protocol):
 
 @dataclass(frozen=True)
 class JobStatus:
-    state: str                   # pending | running | succeeded | failed | cancelled
+    state: JobState              # pending | running | succeeded | failed | cancelled
     exit_code: int | None = None
     message: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "state", JobState(self.state))  # "running" -> the member
 
     @property
     def terminal(self) -> bool:

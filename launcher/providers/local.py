@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from launcher import processes
-from launcher.providers.base import Job, JobStatus, Provider
-from launcher.runs import read_state, write_json
+from launcher.providers.base import Job, JobState, JobStatus, Provider
+from launcher.runs import corrupt, read_state, write_json
 from launcher.status import UsageError
 
 #: Threads per worker: torchrun's own default, set explicitly so it does not print its banner.
@@ -138,16 +138,19 @@ class LocalProvider(Provider):
         exit_file = job_dir / "exit.json"
         data = read_state(exit_file, dict)
         if data is not None:
-            return JobStatus(state=data.get("state", "failed"), exit_code=data.get("returncode"),
-                             message=data.get("message", ""))
+            try:
+                return JobStatus(state=data.get("state", JobState.FAILED),
+                                 exit_code=data.get("returncode"), message=data.get("message", ""))
+            except ValueError:
+                raise corrupt(exit_file, f"no job state {data.get('state')!r}") from None
         runner = read_state(job_dir / "runner.json", dict)
         if runner is None:
             request = job_dir / "request.json"
             if request.exists() and time.time() - request.stat().st_mtime > START_TIMEOUT_S:
                 return self._died(job_dir, "the local runner never started")
-            return JobStatus(state="pending")
+            return JobStatus(state=JobState.PENDING)
         if processes.alive(int(runner["pid"]), runner.get("start_ticks")):
-            return JobStatus(state="running")
+            return JobStatus(state=JobState.RUNNING)
         # Exited between the two reads, or killed before it could write exit.json.
         if exit_file.exists():
             return self.poll(job_id)
@@ -159,9 +162,9 @@ class LocalProvider(Provider):
         errors = _tail(job_dir / "runner.err")
         message = why + (f" ({errors})" if errors else "") + (
             f"; processes {left} could not be stopped" if left else "")
-        write_json(job_dir / "exit.json", {"state": "failed", "returncode": None,
+        write_json(job_dir / "exit.json", {"state": JobState.FAILED, "returncode": None,
                                             "message": message, "ended_at": time.time()})
-        return JobStatus(state="failed", message=message)
+        return JobStatus(state=JobState.FAILED, message=message)
 
     def residue(self, job_id: str) -> list[int]:
         """Processes of the job still alive (after it ended, this must be empty)."""

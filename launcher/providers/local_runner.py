@@ -22,6 +22,7 @@ from pathlib import Path
 
 from launcher import processes
 from launcher.runs import write_json
+from launcher.status import JobState
 
 #: Seconds between SIGTERM and SIGKILL when a job is stopped. Short on purpose: a job is stopped
 #: because a rank ran out of memory and the others hang in a collective, or on the user's word;
@@ -69,13 +70,14 @@ def main(job_dir: Path) -> int:
         _reap()
 
     if stopping["at"] is not None:
-        state, message = "cancelled", "stopped on request"
+        state, message = JobState.CANCELLED, "stopped on request"
     elif returncode == 0:
-        state, message = "succeeded", ""
+        state, message = JobState.SUCCEEDED, ""
     elif returncode < 0:
-        state, message = "failed", f"torchrun was killed by {signal.Signals(-returncode).name}"
+        state = JobState.FAILED
+        message = f"torchrun was killed by {signal.Signals(-returncode).name}"
     else:
-        state, message = "failed", f"torchrun exited with status {returncode}"
+        state, message = JobState.FAILED, f"torchrun exited with status {returncode}"
     if left:
         message += f"; processes {left} could not be stopped"
     write_json(job_dir / "exit.json", {"state": state, "returncode": returncode,

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from launcher.providers.base import JobStatus, checked_duration
+from launcher.providers.base import JobState, JobStatus, checked_duration
 from launcher.status import UsageError
 
 #: The job name rule of the CreateTrainingJob API.
@@ -197,19 +197,19 @@ def status_of(description: Mapping[str, Any]) -> JobStatus:
     detail = (transitions[-1].get("StatusMessage") or "") if transitions else ""
     message = f"{secondary}: {detail}" if detail else secondary
     if status == "InProgress":
-        return JobStatus("pending" if secondary in PENDING_SECONDARY else "running",
+        return JobStatus(JobState.PENDING if secondary in PENDING_SECONDARY else JobState.RUNNING,
                          message=message)
     if status == "Stopping":
-        return JobStatus("running", message=message or "Stopping")
+        return JobStatus(JobState.RUNNING, message=message or "Stopping")
     if status == "Completed":
-        return JobStatus("succeeded", exit_code=0, message=message)
+        return JobStatus(JobState.SUCCEEDED, exit_code=0, message=message)
     reason = description.get("FailureReason") or ""
     if status == "Failed":
         match = _EXIT_CODE.search(reason)
-        return JobStatus("failed", exit_code=int(match.group(1)) if match else None,
+        return JobStatus(JobState.FAILED, exit_code=int(match.group(1)) if match else None,
                          message=reason or message)
     if status == "Stopped":
         if secondary in ("MaxRuntimeExceeded", "MaxWaitTimeExceeded"):
-            return JobStatus("failed", message=message)
-        return JobStatus("cancelled", message=message)
-    return JobStatus("pending", message=message or status)
+            return JobStatus(JobState.FAILED, message=message)
+        return JobStatus(JobState.CANCELLED, message=message)
+    return JobStatus(JobState.PENDING, message=message or status)

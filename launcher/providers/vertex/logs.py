@@ -14,6 +14,7 @@ import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from launcher.providers.base import TERMINAL_STATES, JobState
 from launcher.providers.vertex import _gcp
 from launcher.providers.vertex._gcp import LogCursor
 from launcher.providers.vertex.names import STATES, console_url, parse_job_name, utc_time
@@ -47,7 +48,7 @@ class VertexLogs:
         entries seconds after they are written), so a follower that stops at the first empty
         answer after a terminal state loses nothing."""
         job = self._get(job_id)
-        terminal = STATES.get(job.state.name) in ("succeeded", "failed", "cancelled")
+        terminal = STATES.get(job.state.name) in TERMINAL_STATES
         peek = peek_cursor(cursor)
         if (not terminal and peek.get("state") == job.state.name and job_id not in self._notes
                 and self._log_wait_s(job_id, bool(peek.get("behind"))) > 0):
@@ -90,8 +91,8 @@ class VertexLogs:
             return [], cursor
         job = self._get(job_id)
         quota = self._quota()
-        if STATES.get(job.state.name) != "running":
-            if STATES.get(job.state.name) in ("succeeded", "failed", "cancelled"):
+        if STATES.get(job.state.name) != JobState.RUNNING:
+            if STATES.get(job.state.name) in TERMINAL_STATES:
                 quota.forget(job_id)  # its share of the quota goes back to the stream
             return [], cursor
         backoff = self._backoff(job_id, "events")

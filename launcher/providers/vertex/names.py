@@ -10,7 +10,7 @@ import re
 from datetime import UTC, datetime
 from typing import Any
 
-from launcher.providers.base import checked_duration, checked_region
+from launcher.providers.base import JobState, checked_duration, checked_region
 from launcher.status import UsageError
 
 DEFAULT_PREFIX = "launch"
@@ -27,12 +27,12 @@ BUCKET_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]$")
 
 #: Vertex AI job states -> the launcher's.
 STATES = {
-    "JOB_STATE_UNSPECIFIED": "pending", "JOB_STATE_QUEUED": "pending",
-    "JOB_STATE_PENDING": "pending", "JOB_STATE_RUNNING": "running",
-    "JOB_STATE_UPDATING": "running", "JOB_STATE_PAUSED": "running",
-    "JOB_STATE_SUCCEEDED": "succeeded", "JOB_STATE_FAILED": "failed",
-    "JOB_STATE_EXPIRED": "failed", "JOB_STATE_PARTIALLY_SUCCEEDED": "failed",
-    "JOB_STATE_CANCELLING": "cancelled", "JOB_STATE_CANCELLED": "cancelled",
+    "JOB_STATE_UNSPECIFIED": JobState.PENDING, "JOB_STATE_QUEUED": JobState.PENDING,
+    "JOB_STATE_PENDING": JobState.PENDING, "JOB_STATE_RUNNING": JobState.RUNNING,
+    "JOB_STATE_UPDATING": JobState.RUNNING, "JOB_STATE_PAUSED": JobState.RUNNING,
+    "JOB_STATE_SUCCEEDED": JobState.SUCCEEDED, "JOB_STATE_FAILED": JobState.FAILED,
+    "JOB_STATE_EXPIRED": JobState.FAILED, "JOB_STATE_PARTIALLY_SUCCEEDED": JobState.FAILED,
+    "JOB_STATE_CANCELLING": JobState.CANCELLED, "JOB_STATE_CANCELLED": JobState.CANCELLED,
 }
 
 

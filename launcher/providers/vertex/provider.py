@@ -47,7 +47,7 @@ from launcher import packaging
 from launcher.packaging import Selection
 from launcher.plan.plan import Plan
 from launcher.providers import images
-from launcher.providers.base import Job, JobStatus, Provider
+from launcher.providers.base import TERMINAL_STATES, Job, JobState, JobStatus, Provider
 from launcher.providers.checks import Check
 from launcher.providers.vertex import _gcp
 from launcher.providers.vertex.logs import VertexLogs
@@ -377,9 +377,9 @@ class VertexProvider(VertexLogs, Provider):
 
     def poll(self, job_id: str) -> JobStatus:
         job = self._get(job_id)
-        mapped = STATES.get(job.state.name, "running")
+        mapped = STATES.get(job.state.name, JobState.RUNNING)
         message = job.error.message if job.error and job.error.message else ""
-        if not message and mapped == "cancelled":
+        if not message and mapped == JobState.CANCELLED:
             message = "cancelled"
         return JobStatus(state=mapped, exit_code=None, message=message)
 
@@ -389,7 +389,7 @@ class VertexProvider(VertexLogs, Provider):
         _project, location, _number = parse_job_name(job_id)
         cached = self._jobs.get(job_id)
         if cached and not fresh:
-            ended = STATES.get(cached[1].state.name) in ("succeeded", "failed")
+            ended = STATES.get(cached[1].state.name) in (JobState.SUCCEEDED, JobState.FAILED)
             if ended or time.monotonic() - cached[0] < self.timing.poll_s:
                 return cached[1]
         from google.api_core import exceptions as gexc
@@ -430,7 +430,7 @@ class VertexProvider(VertexLogs, Provider):
             except (gexc.FailedPrecondition, gexc.BadRequest):
                 # Vertex AI refuses to cancel a job that has ended: nothing left to stop.
                 job = self._get(job_id, fresh=True)
-                if STATES.get(job.state.name) not in ("succeeded", "failed", "cancelled"):
+                if STATES.get(job.state.name) not in TERMINAL_STATES:
                     raise
         self._jobs.pop(job_id, None)
 
