@@ -18,8 +18,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from launcher.estimate.analytic import shape_from_config  # noqa: E402
 from launcher.estimate.footprint import from_shape  # noqa: E402
+from launcher.estimate.model_config import shape_from_config  # noqa: E402
 from launcher.plan.planner import plan  # noqa: E402
 from launcher.plan.targets import cloud_targets  # noqa: E402
 from launcher.spec import Spec  # noqa: E402

@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from launcher import remedies
-from launcher.estimate.analytic import ModelShape, load_config, shape_from_params
+from launcher.estimate.analytic import ModelShape
 from launcher.estimate.calibration import model_key
 from launcher.estimate.footprint import Footprint, from_shape
+from launcher.estimate.model_config import load_config, shape_from_params
 from launcher.estimate.states import model_states
 from launcher.plan.plan import Memory
 from launcher.plan.planner import PlanResult, plan

@@ -1,7 +1,8 @@
-"""The analytic estimate: a model described by a Hugging Face ``config.json`` or by ``--params``.
+"""The analytic estimate: the memory of a model known by its shape (``ModelShape``), not traced.
 
-For models too large to trace on a laptop, or scripts launch cannot import. Parameter counts are
-exact for the architectures below (checked against the published counts in the tests).
+For models too large to trace on a laptop, or scripts launch cannot import; the shape comes from
+a Hugging Face ``config.json`` or from ``--params`` (``launcher.estimate.model_config``, whose
+parameter counts are exact).
 Activations follow Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
 Transformer Models", section 4.1: per layer and sample, with 16-bit activations,
 
@@ -23,7 +24,10 @@ region exits, and the matmuls save those copies for the backward (``autocast_cop
 2 B per matmul weight, per step, not per sample).
 
 Activation checkpointing of each layer (what the templates apply to the ``wrap_modules()``
-blocks) keeps each layer's 2 s h input and recomputes one layer at a time.
+blocks) keeps each layer's 2 s h input and recomputes one layer at a time. The loss's backward
+(the 12 B per logit) is over before the last layer is recomputed: under checkpointing the peak
+holds the larger of the two, not both (without it every layer's activations are alive at the
+loss, and the two add up).
 Selective checkpointing is the templates' op-level policy (torchtitan's, not Korthikanti's: the
 paper's selective recomputation keeps the 34 s h and drops the 5 a s^2, which flash attention
 already drops, so with SDPA it would save nothing): each layer keeps its input, its attention
@@ -47,28 +51,12 @@ mel bins).
 
 from __future__ import annotations
 
-import dataclasses
-import json
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
-from launcher.status import UsageError
-
-#: model_type values of decoder LLMs whose layers look like Llama's (RMSNorm, RoPE, GQA, SwiGLU).
-LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe", "gemma", "phi3")
-#: model_type values of encoder-decoder models: an encoder stack, then a decoder with
-#: cross-attention (T5 with its relative position biases; BART and Whisper with learned ones).
-ENCODER_DECODER = ("t5", "mt5", "bart", "mbart", "whisper")
-SUPPORTED = (*LLAMA_LIKE, "gpt2", "gpt_neox", "bert", "roberta", *ENCODER_DECODER)
 #: The attention kernels an estimate can assume (``--attention``): flash attention and the
 #: memory-efficient kernel keep O(s) statistics per head; math keeps the s x s scores,
 #: probabilities and dropout mask (the 5 a s^2 term).
 ATTENTION = ("flash", "efficient", "math")
-#: A config's ``attn_implementation`` (transformers' names) -> the kernel it runs on a GPU;
-#: ``sdpa`` (transformers' default) and an absent one: what PyTorch's SDPA picks (None).
-CONFIG_ATTENTION = {"eager": "math", "flash_attention_2": "flash", "flash_attention_3": "flash",
-                    "sdpa": None}
 #: model_type values whose attention projects queries, keys and values in one matmul (and, for
 #: phi3, whose MLP projects gate and up in one): selective checkpointing keeps every other
 #: matmul output, so the grouping decides which are kept.
@@ -126,6 +114,10 @@ class ModelShape:
     #: The output layer is the token embedding's matrix (``tie_word_embeddings``): autocast casts
     #: that matrix for the logits' matmul although the lookup never is.
     tied_output: bool = False
+    #: A sequence-classification head (the config's ``architectures`` names a
+    #: ``*ForSequenceClassification`` class) with this many labels, in place of the
+    #: language-model head: no ``s x vocab`` logits, no output matrix. None: the LM head.
+    labels: int | None = None
 
     @property
     def fused_attention(self) -> bool:
@@ -223,7 +215,7 @@ class ModelShape:
             return None
         # parameters - embeddings: the layers, the head's own weights (an untied output layer)
         matmul = self.parameters - (self.embedding_parameters or 0)
-        if self.tied_output:
+        if self.tied_output and self.labels is None:
             matmul += (self.vocab or 0) * (self.hidden or 0)
         return 2 * matmul
 
@@ -267,7 +259,9 @@ class ModelShape:
 
         e, ne = self.encoder_seq_len or s, self.encoder_layers
         layer = layer_at(s, cross=e if ne else 0)
-        logits = s * v * LOSS_BYTES_PER_LOGIT
+        # a classifier's logits: at most one row of labels per token (a decoder scores every
+        # position, then pools the last; BERT scores its pooled first token)
+        logits = s * (v if self.labels is None else self.labels) * LOSS_BYTES_PER_LOGIT
         edges = 4 * s * h * stream_scale  # embedding output and the final norm
         kept = n * 2 * s * h * stream_scale  # checkpointing: each layer's input
         if ne:
@@ -283,9 +277,9 @@ class ModelShape:
                 decoder += 2 * s * h
                 encoder += 2 * e * h if ne else 0
             whole = max(layer - decoder, layer_at(e) - encoder if ne else 0)
-            return int(n * decoder + ne * encoder + whole + logits + edges)
+            return int(n * decoder + ne * encoder + max(whole, logits) + edges)
         if checkpointing:  # one layer recomputed at a time: the larger of the two kinds
-            return int(kept + max(layer, layer_at(e) if ne else 0) + logits + edges)
+            return int(kept + max(layer, layer_at(e) if ne else 0, logits) + edges)
         return int(n * layer + ne * layer_at(e) + logits + edges)
 
     def flops_per_sample(self, seq_len: int | None = None) -> float | None:
@@ -329,257 +323,3 @@ class ModelShape:
         per_expert = 3 * self.hidden * self.intermediate
         idle = (self.experts - self.experts_per_token) * per_expert * self.layers
         return self.parameters - idle
-
-
-#: The most a size in a config may be: beyond any model, and small enough that every count and
-#: byte figure made of it stays a finite float.
-MAX_SIZE = 2**31 - 1
-#: Sizes that may be 0 (BERT-like encoders without token types); every other one is at least 1.
-MAY_BE_ZERO = ("type_vocab_size",)
-
-
-def _get(config: dict[str, Any], *names: str, default: Any = None) -> Any:
-    """The first of ``names`` the config sets (not null): a size, so a whole number from 1 to
-    MAX_SIZE (a UsageError naming the field otherwise: ``"4096"``, 0 heads, -1 layers)."""
-    for name in names:
-        value = config.get(name)
-        if value is not None:
-            return _size(name, value)
-    return default
-
-
-def _size(name: str, value: Any) -> int:
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise UsageError(f"{name} must be a whole number, not {_show(value)}")
-    least = 0 if name in MAY_BE_ZERO else 1
-    if value < least:
-        raise UsageError(f"{name} must be at least {least}, not {_show(value)}")
-    if value > MAX_SIZE:
-        raise UsageError(f"{name} must be at most {MAX_SIZE}, not {_show(value)}")
-    return value
-
-
-def _flag(config: dict[str, Any], name: str, default: bool) -> bool:
-    """A true/false field (``tie_word_embeddings``): a JSON boolean, or absent/null."""
-    value = config.get(name)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise UsageError(f"{name} must be true or false, not {_show(value)}")
-    return value
-
-
-def _show(value: Any) -> str:
-    text = json.dumps(value) if _jsonable(value) else repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def _jsonable(value: Any) -> bool:
-    try:
-        json.dumps(value)
-    except (TypeError, ValueError, RecursionError):
-        return False
-    return True
-
-
-def shape_from_config(config: dict[str, Any], *, seq_len: int | None = None,
-                      attention: str | None = None) -> ModelShape:
-    """An exact parameter count and the shape from a Hugging Face ``config.json``;
-    ``attention`` (``--attention``) overrides the kernel the config names."""
-    shape = _shape_from_config(config, seq_len=seq_len)
-    return dataclasses.replace(shape, attention=attention or _config_attention(config))
-
-
-def _config_attention(config: dict[str, Any]) -> str | None:
-    """The kernel a config's ``attn_implementation`` runs (None: SDPA's choice); a name launch
-    does not know (flex attention, a hub kernel) is left to SDPA's choice too."""
-    name = config.get("attn_implementation", config.get("_attn_implementation"))
-    return CONFIG_ATTENTION.get(name) if isinstance(name, str) else None
-
-
-def _shape_from_config(config: dict[str, Any], *, seq_len: int | None = None) -> ModelShape:
-    kind = config.get("model_type")
-    if kind not in SUPPORTED:
-        raise UsageError(f"model_type {_show(kind)} is not one launch can size from its config",
-                         f"supported: {', '.join(SUPPORTED)}; or give --params")
-    if kind in ENCODER_DECODER:
-        return _encoder_decoder_shape(config, kind, seq_len=seq_len)
-    h = _get(config, "hidden_size", "n_embd", "d_model")
-    n = _get(config, "num_hidden_layers", "n_layer", "num_layers")
-    a = _get(config, "num_attention_heads", "n_head")
-    v = _get(config, "vocab_size")
-    if None in (h, n, a, v):
-        raise UsageError("the config lacks hidden_size, num_hidden_layers, "
-                         "num_attention_heads or vocab_size")
-    positions = _get(config, "max_position_embeddings", "n_positions", "n_ctx")
-    s = seq_len or positions
-    tied = _flag(config, "tie_word_embeddings", kind in ("gpt2", "bert", "roberta"))
-    if kind in LLAMA_LIKE:
-        kv = _get(config, "num_key_value_heads", default=a)
-        hd = _get(config, "head_dim", default=h // a)
-        i = _get(config, "intermediate_size", "moe_intermediate_size")
-        experts = _get(config, "num_local_experts", "num_experts", default=1)
-        top_k = _get(config, "num_experts_per_tok", default=1)
-        bias = _flag(config, "attention_bias", kind == "qwen2")
-        attention = h * a * hd + 2 * h * kv * hd + a * hd * h
-        if bias:
-            attention += a * hd + 2 * kv * hd
-        mlp = 3 * h * i * experts + (h * experts if experts > 1 else 0)  # + router
-        layer = attention + mlp + 2 * h
-        embed = v * h
-        total = embed + n * layer + h + (0 if tied else v * h)
-        return ModelShape(parameters=total, model_type=kind, layers=n, hidden=h, heads=a,
-                          kv_heads=kv, intermediate=i, vocab=v, seq_len=s, gated_mlp=True,
-                          experts=experts, experts_per_token=top_k if experts > 1 else 1,
-                          layer_parameters=layer, embedding_parameters=embed,
-                          tied_output=tied)
-    if kind == "gpt2":
-        i = _get(config, "n_inner", default=4 * h)
-        layer = 2 * h + (h * 3 * h + 3 * h) + (h * h + h) + 2 * h + (h * i + i) + (i * h + h)
-        embed = v * h + positions * h
-        total = embed + n * layer + 2 * h
-        return ModelShape(parameters=total, model_type=kind, layers=n, hidden=h, heads=a,
-                          kv_heads=a, intermediate=i, vocab=v, seq_len=s, gated_mlp=False,
-                          layer_parameters=layer, embedding_parameters=embed, tied_output=tied)
-    if kind == "gpt_neox":
-        i = _get(config, "intermediate_size", default=4 * h)
-        layer = 4 * h + (h * 3 * h + 3 * h) + (h * h + h) + (h * i + i) + (i * h + h)
-        embed = v * h
-        total = embed + n * layer + 2 * h + (0 if tied else v * h)
-        return ModelShape(parameters=total, model_type=kind, layers=n, hidden=h, heads=a,
-                          kv_heads=a, intermediate=i, vocab=v, seq_len=s, gated_mlp=False,
-                          layer_parameters=layer, embedding_parameters=embed, tied_output=tied)
-    # bert / roberta encoders (the base model with its pooler, as BertModel builds it).
-    i = _get(config, "intermediate_size", default=4 * h)
-    types = _get(config, "type_vocab_size", default=2)
-    layer = 3 * (h * h + h) + (h * h + h) + 2 * h + (h * i + i) + (i * h + h) + 2 * h
-    embed = v * h + positions * h + types * h + 2 * h
-    total = embed + n * layer + (h * h + h)
-    return ModelShape(parameters=total, model_type=kind, layers=n, hidden=h, heads=a, kv_heads=a,
-                      intermediate=i, vocab=v, seq_len=s, gated_mlp=False,
-                      layer_parameters=layer, embedding_parameters=embed, tied_output=tied)
-
-
-def _encoder_decoder_shape(config: dict[str, Any], kind: str, *, seq_len: int | None
-                           ) -> ModelShape:
-    """T5/mT5, BART/mBART and Whisper, as ``*ForConditionalGeneration`` builds them.
-
-    One token embedding is shared by the encoder, the decoder and (tied) the output layer. T5's
-    weights have no biases; its norms are a scale only, and the first layer of each stack holds
-    the relative position biases (buckets x heads). BART's and Whisper's layers have biases
-    (Whisper's key projection has none) and learned positions; BART keeps 2 more rows of
-    positions than ``max_position_embeddings`` (its offset), mBART adds a final norm to each
-    stack. Whisper's encoder starts with two convolutions over the mel bins, and its positions
-    cover ``max_source_positions`` frames.
-    """
-    h = _get(config, "d_model", "hidden_size")
-    v = _get(config, "vocab_size")
-    if kind in ("t5", "mt5"):
-        ne = _get(config, "num_layers", "num_hidden_layers")
-        a = _get(config, "num_heads", "num_attention_heads")
-    else:
-        ne = _get(config, "encoder_layers", "num_hidden_layers")
-        a = _get(config, "decoder_attention_heads", "num_attention_heads")
-    nd = _get(config, "num_decoder_layers", "decoder_layers", default=ne)
-    if None in (h, ne, a, v):
-        raise UsageError(f"the {kind} config lacks d_model, its layer counts, attention heads "
-                         "or vocab_size")
-    # Configs say tie_word_embeddings false for untied checkpoints (T5 v1.1, FLAN-T5, mT5): a
-    # run that loads one has its own output layer, whatever transformers builds from the config.
-    tied = _flag(config, "tie_word_embeddings", True)
-    embed = v * h
-    audio = 0
-    encoder_len = None
-    if kind in ("t5", "mt5"):
-        inner = a * _get(config, "d_kv", default=h // a)
-        i = _get(config, "d_ff", default=4 * h)
-        gated = str(config.get("feed_forward_proj", "gated-gelu" if kind == "mt5" else "relu")
-                    ).startswith("gated")
-        attention, mlp = 4 * h * inner, (3 if gated else 2) * h * i
-        bias = _get(config, "relative_attention_num_buckets", default=32) * a
-        enc_layer = attention + mlp + 2 * h
-        dec_layer = 2 * attention + mlp + 3 * h
-        encoder = ne * enc_layer + bias + h
-        decoder = nd * dec_layer + bias + h
-        largest = dec_layer + bias  # the first decoder block, with the position biases
-        positions = _get(config, "n_positions", "max_position_embeddings")
-    else:
-        i = _get(config, "decoder_ffn_dim", "intermediate_size", default=4 * h)
-        i_enc = _get(config, "encoder_ffn_dim", default=i)
-        gated = False
-        attention = 4 * (h * h + h) - (h if kind == "whisper" else 0)  # Whisper: no k bias
-        enc_layer = attention + (h * i_enc + i_enc) + (i_enc * h + h) + 4 * h
-        dec_layer = 2 * attention + (h * i + i) + (i * h + h) + 6 * h
-        final = 2 * h if kind in ("mbart", "whisper") else 0
-        if kind == "whisper":
-            audio = _get(config, "num_mel_bins", default=80)
-            encoder_len = _get(config, "max_source_positions", default=1500)
-            positions = _get(config, "max_target_positions", default=448)
-            front = (audio * h * 3 + h) + (h * h * 3 + h)  # two convolutions, kernel 3
-            encoder = front + encoder_len * h + ne * enc_layer + final
-            decoder = positions * h + nd * dec_layer + final
-        else:
-            positions = _get(config, "max_position_embeddings", default=1024)
-            # learned positions (2 rows of offset) and the embedding's norm, in each stack
-            encoder = (positions + 2) * h + 2 * h + ne * enc_layer + final
-            decoder = (positions + 2) * h + 2 * h + nd * dec_layer + final
-        largest = dec_layer
-    total = embed + encoder + decoder + (0 if tied else v * h)
-    return ModelShape(parameters=total, model_type=kind, layers=nd, hidden=h, heads=a,
-                      kv_heads=a, intermediate=i, vocab=v, seq_len=seq_len or positions,
-                      gated_mlp=gated, layer_parameters=largest, embedding_parameters=embed,
-                      encoder_layers=ne, encoder_seq_len=encoder_len,
-                      encoder_parameters=encoder, audio_channels=audio, tied_output=tied)
-
-
-def load_config(path: Path, *, seq_len: int | None = None, attention: str | None = None
-                ) -> ModelShape:
-    """The shape of the model ``--model-config`` describes; a UsageError that names the file
-    (and the field) for a file that is missing, a folder, not JSON, or not a config launch can
-    size."""
-    config = read_config(path)
-    try:
-        return shape_from_config(config, seq_len=seq_len, attention=attention)
-    except UsageError as exc:
-        raise UsageError(f"{path}: {exc.message}", exc.hint) from None
-
-
-def read_config(path: Path) -> dict[str, Any]:
-    """``--model-config``'s JSON object (also what estimate/hf_recipe.py writes its recipe
-    from): a UsageError naming the file for anything else."""
-    try:
-        if path.is_dir():
-            inside = path / "config.json"
-            raise UsageError(f"--model-config {path} is a folder",
-                             f"give the file: --model-config {inside}" if inside.is_file()
-                             else "give a Hugging Face config.json file")
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise UsageError(f"model config not found: {path}") from None
-    except OSError as exc:
-        raise UsageError(f"cannot read model config {path}: {exc.strerror or exc}") from None
-    except (ValueError, RecursionError) as exc:  # not JSON, not UTF-8, nested too deeply
-        detail = " ".join(str(exc).split()) or type(exc).__name__
-        raise UsageError(f"{path}: not a JSON config ({detail[:200]})") from None
-    if not isinstance(config, dict):
-        raise UsageError(f"{path}: not a Hugging Face config (expected a JSON object)")
-    return config
-
-
-def shape_from_params(parameters: int, *, layers: int | None = None, hidden: int | None = None,
-                      heads: int | None = None, vocab: int | None = None,
-                      seq_len: int | None = None, intermediate: int | None = None,
-                      attention: str | None = None) -> ModelShape:
-    """``--params 30B`` with whatever shape flags were given; the rest stays unknown."""
-    if intermediate is None and hidden is not None:
-        intermediate = 4 * hidden
-        gated = False
-    else:
-        gated = True
-    layer = None
-    if layers:
-        embed = vocab * hidden if vocab and hidden else 0
-        layer = (parameters - embed) // layers
-    return ModelShape(parameters=parameters, layers=layers, hidden=hidden, heads=heads,
-                      kv_heads=heads, intermediate=intermediate, vocab=vocab, seq_len=seq_len,
-                      gated_mlp=gated, layer_parameters=layer, attention=attention)

@@ -14,7 +14,11 @@ reach it as data, in ``recipe.json`` next to it, never spliced into code. What i
   KV cache);
 - the model: the class named first in ``architectures`` when transformers has it and it is a
   causal, masked or sequence-to-sequence language-model head (``LlamaForCausalLM``,
-  ``BertForMaskedLM``, ``T5ForConditionalGeneration``); otherwise, for an encoder-decoder
+  ``BertForMaskedLM``, ``T5ForConditionalGeneration``) or a sequence classifier
+  (``BertForSequenceClassification``, ``LlamaForSequenceClassification``: a fine-tune for
+  labels, whose logits are a row of labels, not of the vocabulary; a decoder's without a pad
+  token gets token 0 as one, which it needs to find each row's last token; an encoder-decoder's
+  classifier is not built: its LM head is); otherwise, for an encoder-decoder
   config (T5, BART, Whisper), the head ``AutoModelForSeq2SeqLM`` maps it to, else
   ``AutoModelForSpeechSeq2Seq``'s; for the others the head ``AutoModelForMaskedLM`` maps the
   config to (encoders: BERT, RoBERTa), else the one ``AutoModelForCausalLM`` does (decoder
@@ -24,7 +28,8 @@ reach it as data, in ``recipe.json`` next to it, never spliced into code. What i
   FLAN-T5 and mT5 checkpoints hold both weights, and loading one unties them);
 - attention: ``sdpa``, what a GPU run of transformers uses by default (eager only for a model
   that does not support it, as transformers itself falls back);
-- ``example_batch(b)``: ``input_ids`` and ``labels`` of ``[b, seq_len]`` random token ids; for
+- ``example_batch(b)``: ``input_ids`` and ``labels`` of ``[b, seq_len]`` random token ids (a
+  classifier's ``labels``: ``[b]`` random labels); for
   a sequence-to-sequence head, ``input_ids`` (Whisper: ``input_features``, ``[b, mel bins,
   2 max_source_positions]``, the length its encoder requires) and ``decoder_input_ids`` and
   ``labels`` of ``[b, seq_len]``: the decoder is as long as the encoder unless the config fixes
@@ -100,6 +105,12 @@ def _config():
             f"transformers {transformers.__version__} does not know model_type {kind!r}")
     config = CONFIG_MAPPING[kind].from_dict(data)
     config.use_cache = False
+    first = _names(data.get("architectures"))[:1]
+    if first and first[0].endswith("ForSequenceClassification") and getattr(
+            config, "pad_token_id", None) is None:
+        # a decoder's classifier pools each row's last non-pad token and refuses a batch of
+        # more than one row without a pad token; which token it is changes no memory
+        config.pad_token_id = 0
     return config
 
 
@@ -114,6 +125,14 @@ def _seq2seq_heads():
 
     return _heads(modeling_auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES,
                   modeling_auto.MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES)
+
+
+@functools.cache
+def _classifier_heads():
+    """Sequence classifiers: a fine-tune for labels (BertForSequenceClassification...)."""
+    from transformers.models.auto import modeling_auto
+
+    return _heads(modeling_auto.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES)
 
 
 @functools.cache
@@ -132,7 +151,8 @@ def _model_class():
             raise UnknownArchitecture(
                 f"transformers {transformers.__version__} has no class {name} "
                 "(the config's architectures)")
-        if name in heads:
+        if name in heads or (name in _classifier_heads()
+                             and not getattr(config, "is_encoder_decoder", False)):
             return getattr(transformers, name)
     # No architectures, or a class without a language-model loss (BertModel, T5Model): the LM
     # head. An encoder-decoder's is its sequence-to-sequence head (BART also has a causal one:
@@ -220,6 +240,9 @@ def _tokens(batch_size):
 
 def example_batch(batch_size):
     input_ids = _tokens(batch_size)
+    if _model_class().__name__ in _classifier_heads():
+        labels = torch.randint(0, _config().num_labels, (batch_size,), dtype=torch.long)
+        return {"input_ids": input_ids, "labels": labels}
     if not _is_seq2seq():
         return {"input_ids": input_ids, "labels": input_ids.clone()}
     # Encoder-decoder: the decoder's inputs given (the labels shifted right, as the model would
@@ -278,10 +301,10 @@ def write_recipe(config_path: str | os.PathLike[str], seq_len: int,
     Files go to ``directory/<hash>/`` (``recipe.py`` and ``recipe.json``), the hash of both
     texts: the same config and length reuse one folder, and an older launch's recipe is never
     taken for this one's. The config is read as the analytic estimate reads it
-    (``analytic.read_config``: a ``UsageError`` naming the file for one that is missing, a folder
-    or not a JSON object); a ``seq_len`` below 1 is a ``ValueError``.
+    (``model_config.read_config``: a ``UsageError`` naming the file for one that is missing, a
+    folder or not a JSON object); a ``seq_len`` below 1 is a ``ValueError``.
     """
-    from launcher.estimate.analytic import read_config
+    from launcher.estimate.model_config import read_config
 
     config = read_config(Path(config_path))
     if isinstance(seq_len, bool) or int(seq_len) < 1:

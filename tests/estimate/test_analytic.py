@@ -4,7 +4,7 @@ from dataclasses import replace
 
 import pytest
 
-from launcher.estimate.analytic import shape_from_config, shape_from_params
+from launcher.estimate.model_config import shape_from_config, shape_from_params
 
 LLAMA2_7B = {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 11008,
              "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32,
@@ -212,9 +212,16 @@ def test_attention_kind_math_adds_the_quadratic_term():
         assert (math.activation_bytes_per_sample(element_bytes=element)
                 - default.activation_bytes_per_sample(element_bytes=element)
                 == n * per_score * a * s * s)
-    # checkpointing recomputes one layer at a time: one layer's scores
+    # checkpointing recomputes one layer at a time: one layer's scores, where that layer is
+    # more than the loss's backward (which is over before the last layer is recomputed)
+    small_vocab = {**xl, "vocab_size": 1000}
+    assert (shape_from_config(small_vocab, attention="math").activation_bytes_per_sample(
+        checkpointing=True) - shape_from_config(small_vocab).activation_bytes_per_sample(
+        checkpointing=True) == 5 * a * s * s)
+    # GPT-2's 50,257 logits at 12 B outweigh one layer with its scores: attention changes
+    # nothing there
     assert (math.activation_bytes_per_sample(checkpointing=True)
-            - default.activation_bytes_per_sample(checkpointing=True) == 5 * a * s * s)
+            == default.activation_bytes_per_sample(checkpointing=True))
     # per layer and sample, 16-bit: s h (34 + 5 a s / h) with math, 34 s h fused
     one = {**xl, "n_layer": 1, "vocab_size": 1}
     edges = s * 12 + 4 * s * h  # logits of a 1-token vocabulary, embedding output, final norm
@@ -367,3 +374,41 @@ def test_a_real_cpu_step_keeps_12_bytes_per_logit(tmp_path, precision):
                             max_grad_norm=None).peak_allocated for b in (1, 2)]
     per_logit = (peaks[1] - peaks[0]) / (128 * 16384)
     assert per_logit == pytest.approx(LOSS_BYTES_PER_LOGIT, rel=0.01)
+
+
+#: Fine-tunes for labels: ``architectures`` names a sequence classifier (decoders score every
+#: position with a bias-free ``score``; BERT and RoBERTa classify the pooled first token).
+CLASSIFIERS = {
+    "bert": {**BERT_BASE, "architectures": ["BertForSequenceClassification"]},
+    "roberta": {"model_type": "roberta", "hidden_size": 64, "num_hidden_layers": 2,
+                "num_attention_heads": 4, "intermediate_size": 96, "vocab_size": 300,
+                "max_position_embeddings": 66, "type_vocab_size": 1, "num_labels": 3,
+                "architectures": ["RobertaForSequenceClassification"]},
+    "llama": {**LLAMA2_7B, "architectures": ["LlamaForSequenceClassification"],
+              "id2label": {str(i): f"l{i}" for i in range(5)}},
+    "gpt2": {**GPT2, "architectures": ["GPT2ForSequenceClassification"]},
+    "gpt_neox": {"model_type": "gpt_neox", "hidden_size": 64, "num_hidden_layers": 2,
+                 "num_attention_heads": 4, "intermediate_size": 96, "vocab_size": 300,
+                 "max_position_embeddings": 64,
+                 "architectures": ["GPTNeoXForSequenceClassification"]},
+}
+
+
+@pytest.mark.parametrize("name", CLASSIFIERS)
+def test_a_sequence_classifier_is_counted_as_transformers_builds_it(name):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    config = CLASSIFIERS[name]
+    with torch.device("meta"):
+        model = getattr(transformers, config["architectures"][0])(
+            transformers.AutoConfig.for_model(**config))
+    shape = shape_from_config(config, seq_len=128)
+    assert shape.parameters == model.num_parameters()
+    assert shape.labels == model.config.num_labels
+    # no s x vocab logits and no output matrix for autocast to cast: what the LM head had more
+    lm = shape_from_config({k: v for k, v in config.items() if k != "architectures"},
+                           seq_len=128)
+    s, v, labels = 128, config["vocab_size"], shape.labels
+    dropped = lm.activation_bytes_per_sample() - shape.activation_bytes_per_sample()
+    assert dropped == s * (v - labels) * 12
+    assert not shape.tied_output

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.estimate import analytic
+from launcher.estimate import model_config
 from launcher.estimate.footprint import Footprint
 from launcher.estimate.hf_recipe import RECIPE_SOURCE, SIDECAR_NAME, write_recipe
 from launcher.script_info import Hardware, ScriptInfo
@@ -148,8 +148,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runs]:
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(preflight_module, "_hf_traced", spy)
         # The analytic formulas size UNKNOWN like a Llama; transformers does not know it.
-        patch.setattr(analytic, "LLAMA_LIKE", (*analytic.LLAMA_LIKE, UNKNOWN))
-        patch.setattr(analytic, "SUPPORTED", (*analytic.SUPPORTED, UNKNOWN))
+        patch.setattr(model_config, "LLAMA_LIKE", (*model_config.LLAMA_LIKE, UNKNOWN))
+        patch.setattr(model_config, "SUPPORTED", (*model_config.SUPPORTED, UNKNOWN))
         r.plan("llama", TINY_LLAMA)
         r.measure("llama")
         r.plan("bert", TINY_BERT)
@@ -190,7 +190,7 @@ def test_config_is_traced_through_transformers(runs, name, config, head):
     assert footprint.kind == "traced", footprint.note
     assert footprint.note == ""
     # The analytic shape still gives the FSDP unit and the FLOPs.
-    shape = analytic.shape_from_config(config, seq_len=SEQ_LEN)
+    shape = model_config.shape_from_config(config, seq_len=SEQ_LEN)
     assert footprint.unit_parameters == shape.layer_parameters
     assert footprint.flops_per_sample == shape.flops_per_sample()
 
@@ -241,7 +241,7 @@ def test_encoder_decoder_recipe(tmp_path, name):
     loss = recipe.training_step(model, batch)
     assert loss.ndim == 0 and torch.isfinite(loss)
     assert sorted(t.__name__ for t in recipe.wrap_modules()) == sorted(blocks)
-    shape = analytic.shape_from_config(config, seq_len=16)
+    shape = model_config.shape_from_config(config, seq_len=16)
     assert model.num_parameters() == shape.parameters
     if name == "flan_t5":  # transformers ties T5's output layer regardless; the recipe unties
         assert model.get_output_embeddings().weight is not model.get_input_embeddings().weight
@@ -257,7 +257,7 @@ def test_unknown_model_type_falls_back_to_the_analytic_estimate(runs):
     assert "the estimate is analytic" in footprint.note
     assert any("does not know model_type" in note for note in result.notes)
     config = {**TINY_LLAMA, "model_type": UNKNOWN}
-    shape = analytic.shape_from_config(config, seq_len=SEQ_LEN)
+    shape = model_config.shape_from_config(config, seq_len=SEQ_LEN)
     assert footprint.parameters == shape.parameters
     assert footprint.memory_at(MICRO).activations == shape.activation_bytes_per_sample(
         element_bytes=4) * MICRO
@@ -304,3 +304,29 @@ def test_attention_math_traces_transformers_eager_attention(tmp_path):
     heads, layers, s = TINY_BERT["num_attention_heads"], TINY_BERT["num_hidden_layers"], 2 * SEQ_LEN
     # at least the fp32 probabilities of every head and layer for 4 samples
     assert eager - sdpa >= 4 * layers * heads * s * s * 4, (eager, sdpa)
+
+
+def test_a_sequence_classifier_is_built_and_traced_as_such(tmp_path):
+    """A config whose ``architectures`` names a sequence classifier (a fine-tune for labels)
+    builds that class, not the language-model head: its logits are a row of labels per sample,
+    not ``s x vocab``. A decoder's classifier needs a pad token to pool each row's last token;
+    the recipe gives it one. The trace is the real CPU step of the same recipe, and the
+    analytic count is transformers' own."""
+    pytest.importorskip("transformers")
+    from launcher.estimate.traced import measure_recipe, trace_recipe
+
+    config = {**TINY_LLAMA, "architectures": ["LlamaForSequenceClassification"],
+              "num_labels": 3}
+    config.pop("pad_token_id", None)
+    recipe = write_recipe(_write(tmp_path / "cls", config), SEQ_LEN, tmp_path / "recipes")
+    real = measure_recipe(recipe, micro_batch=MICRO, precision="fp32", optimizer="adamw",
+                          timeout_s=300)
+    traced = trace_recipe(recipe, device="cpu", micro_batch_sizes=(1, 2, MICRO),
+                          precision="fp32", optimizer="adamw", timeout_s=300)
+    assert traced.peak_at(MICRO) == pytest.approx(real.peak_allocated, rel=0.01)
+    shape = model_config.shape_from_config(config, seq_len=SEQ_LEN)
+    assert shape.labels == 3
+    assert traced.parameters == shape.parameters
+    lm = model_config.shape_from_config({**TINY_LLAMA}, seq_len=SEQ_LEN)
+    assert lm.parameters - shape.parameters == TINY_LLAMA["vocab_size"] * TINY_LLAMA[
+        "hidden_size"] - 3 * TINY_LLAMA["hidden_size"]  # its own lm_head, against a score

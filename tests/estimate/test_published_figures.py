@@ -13,14 +13,15 @@ a value matches when it rounds half-up or truncates to the printed string.
 
 from __future__ import annotations
 
+import re
 import sys
 from decimal import Decimal
 from pathlib import Path
 
 import pytest
 
-from launcher.estimate.analytic import shape_from_params
 from launcher.estimate.footprint import from_shape
+from launcher.estimate.model_config import shape_from_params
 from launcher.estimate.states import model_states
 from launcher.plan.memory import Target, per_gpu_memory
 
@@ -124,15 +125,20 @@ def test_every_row_cites_and_classifies(rows):
 
 
 def test_hf_bert_on_a_v100_within_what_nvml_readings_support(rows):
-    """bert-large-uncased, fp32 AdamW, batch 4 (and 1 x 4): NVML used after training, 14949 MiB
-    (8681 MiB), against the plan's total (peak reserved + the CUDA 11.2 context)."""
+    """bert-large-uncased + a 2-class head, fp32 AdamW, batch 4 (and 1 x 4): NVML used after
+    training, 14949 MiB (8681 MiB), against the plan's total (peak reserved + the CUDA 11.2
+    context). The rows compute the run's classifier (``architectures``), not an MLM head; the
+    vanilla run is then 5% under (the reserve its reading implies, in the row)."""
     vanilla = _one(rows, "Vanilla training (also on the anatomy page)")
     assert vanilla["kind"] == "measured" and vanilla["published"] == 14949
-    assert abs(vanilla["error_pct"]) < 5
+    assert -8 < vanilla["error_pct"] < 0
     accumulation = _one(rows, "section: gradient accumulation")
     assert accumulation["published"] == 8681 and abs(accumulation["error_pct"]) < 5
     weights = _one(rows, "from_pretrained(...).to('cuda'), print_gpu_utilization")
     assert weights["published"] == 2631 - 1343 and abs(weights["error_pct"]) < 1
+    # BertForSequenceClassification with 2 labels: BertModel with its pooler, and the classifier
+    assert weights["launcher"] == pytest.approx(4 * (335_141_888 + 1024 * 2 + 2) / 2**20,
+                                                abs=1e-3)
     # The launcher's default (fused attention) is a different setting from this eager 2022 run,
     # and the difference is the attention scores: well under the measurement.
     fused = _one(rows, "Vanilla training", "fused SDPA")
@@ -198,13 +204,45 @@ def test_rows_are_analytic_without_traces(rows):
     assert bert["answer_error_pct"] == bert["error_pct"]
 
 
-def test_hf_fp16_run_is_no_longer_far_under(rows):
-    """bert-large, fp16 autocast, batch 4 (13939 MiB): with autocast's fp32 softmax
-    probabilities (7 B per score), its fp16 weight copies, the loss's 12 B per logit and the
-    fp32 residual stream (8 s h a layer: 384 MiB at batch 4) counted, it is -3.4% (-6.5% without
-    the stream)."""
-    fp16 = _one(rows, "section: fp16")
-    assert -5 < fp16["error_pct"] < 0
+def test_hf_batch_4_runs_are_under_by_the_reserve_their_readings_imply(rows):
+    """bert-large + its 2-class head at batch 4 (fp32 14949 MiB, fp16 13939, 8-bit Adam 13085):
+    with the run's classifier computed (no MLM logits), the analytic plan is 5-10% under, and
+    each row says the reserve the reading implies over the launcher's allocated peak (1.15-1.21
+    against the fixed 1.08). The micro-batch-1 runs imply 1.01-1.07: one fixed ratio cannot
+    serve both (docs/estimator.md, Not done yet)."""
+    implied = {}
+    for where in ("Vanilla training (also on the anatomy page)", "section: fp16",
+                  "section: 8-bit Adam (bitsandbytes Adam8bit)",
+                  "section: accumulation + gradient checkpointing"):
+        row = _one(rows, where)
+        match = re.search(r"implies (\d\.\d\d) x", row["explanation"])
+        assert match, row["explanation"]
+        implied[where] = float(match.group(1))
+        if "checkpointing" not in where:
+            assert -12 < row["error_pct"] < 0, (where, row["error_pct"])
+            assert row["explanation"].startswith("under, missing feature")
+    assert min(v for k, v in implied.items() if "checkpointing" not in k) > 1.1
+    assert implied["section: accumulation + gradient checkpointing"] < 1.08
+
+
+def test_torchtitan_pr165_fsdp2_rows(rows):
+    """torchtitan PR #165: Llama 7B, FSDP2 over 8 H100s, batch 8 x 2048, full and selective AC,
+    in percent of 95.0396 GiB. The allocated side (peak active) is within 5%; the reserved side
+    is under by what the run reserved beyond its active peak (1.36 and 1.20), which the rows
+    name as the missing feature."""
+    got = {r["configuration"].rsplit(": ", 1)[1] + (" (SAC)" if "(SAC)" in r["where"] else
+                                                     " (AC)"): r
+           for r in rows if r["source"].startswith("torchtitan PR #165")}
+    assert len(got) == 4
+    active, reserved = got["peak active (AC)"], got["peak reserved (AC)"]
+    assert active["published"] == pytest.approx(0.2392 * 95.0396, abs=0.01)
+    assert reserved["published"] == pytest.approx(0.3264 * 95.0396, abs=0.01)
+    for key, row in got.items():
+        assert row["kind"] == "measured"
+        if "active" in key:
+            assert abs(row["error_pct"]) < 5, (key, row["error_pct"])
+        else:
+            assert row["error_pct"] < -5 and row["explanation"].startswith("missing feature")
 
 
 def test_hf_2022_adamw_rows_run_the_trainers_for_loop_adamw(rows):

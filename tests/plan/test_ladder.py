@@ -298,9 +298,14 @@ def test_analytic_selective_keeps_the_policy_s_outputs():
     kv = h * 2 // a
     kept = (s * h + s * h + s * h + s * kv + s * i + s * h) * 2  # input, attn, q, v, gate, down
     layer = (11 * s * h + 2 * s * h + 8 * s * i + 4 * s * h)
-    edges = s * v * 12 + 4 * s * h  # the loss: 12 B per logit (LOSS_BYTES_PER_LOGIT)
-    assert selective == n * kept + (layer - kept) + edges
-    assert none == n * layer + edges
+    loss = s * v * 12  # the loss: 12 B per logit (LOSS_BYTES_PER_LOGIT)
+    edges = 4 * s * h  # the embedding output and the final norm
+    # the loss's backward is over before the last layer is recomputed: the larger of the two
+    assert selective == n * kept + max(layer - kept, loss) + edges
+    assert none == n * layer + loss + edges
+    longer = dataclasses.replace(shape, vocab=10)  # a layer's recomputation outweighs the loss
+    assert (longer.activation_bytes_per_sample(checkpointing="selective")
+            == n * kept + (layer - kept) + edges)
 
 
 def test_replan_after_an_out_of_memory_at_micro_batch_1_goes_from_selective_to_full():
