@@ -858,9 +858,11 @@ def zero_r_rows() -> list[dict[str, Any]]:
                 "32 x 48 = 60.4 GB), which leaves out the 5as/h attention scores (80 x sbh "
                 "here) and the logits" if not ckpt else
                 f"without the logits the launcher says {32 * bare / GB:.1f} GB: one 16-bit "
-                "layer input per layer (5.0 GB) plus one layer recomputed; the launcher adds "
-                "the logits and the loss (s V 12 B: "
-                f"{32 * 1024 * 50257 * LOSS_BYTES_PER_LOGIT / GB:.1f} GB at batch 32)")))
+                "layer input per layer (5.0 GB) plus one layer recomputed; with them the loss's "
+                "backward (s V 12 B: "
+                f"{32 * 1024 * 50257 * LOSS_BYTES_PER_LOGIT / GB:.1f} GB at batch 32) takes the "
+                "recomputed layer's place, the larger of the two, which are never alive "
+                "together")))
     return rows
 
 

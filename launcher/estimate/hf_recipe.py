@@ -29,7 +29,8 @@ reach it as data, in ``recipe.json`` next to it, never spliced into code. What i
 - attention: ``sdpa``, what a GPU run of transformers uses by default (eager only for a model
   that does not support it, as transformers itself falls back);
 - ``example_batch(b)``: ``input_ids`` and ``labels`` of ``[b, seq_len]`` random token ids (a
-  classifier's ``labels``: ``[b]`` random labels); for
+  classifier's ``labels`` as its ``problem_type`` reads them: ``[b]`` classes, ``[b, labels]``
+  0/1 for multi-label, values for regression); for
   a sequence-to-sequence head, ``input_ids`` (Whisper: ``input_features``, ``[b, mel bins,
   2 max_source_positions]``, the length its encoder requires) and ``decoder_input_ids`` and
   ``labels`` of ``[b, seq_len]``: the decoder is as long as the encoder unless the config fixes
@@ -241,8 +242,7 @@ def _tokens(batch_size):
 def example_batch(batch_size):
     input_ids = _tokens(batch_size)
     if _model_class().__name__ in _classifier_heads():
-        labels = torch.randint(0, _config().num_labels, (batch_size,), dtype=torch.long)
-        return {"input_ids": input_ids, "labels": labels}
+        return {"input_ids": input_ids, "labels": _classifier_labels(batch_size)}
     if not _is_seq2seq():
         return {"input_ids": input_ids, "labels": input_ids.clone()}
     # Encoder-decoder: the decoder's inputs given (the labels shifted right, as the model would
@@ -262,6 +262,19 @@ def example_batch(batch_size):
         batch[name] = torch.randn(batch_size, config.num_mel_bins, frames)
         return batch
     raise UnknownArchitecture(f"no example batch for {_model_class().__name__}'s {name}")
+
+
+def _classifier_labels(batch_size):
+    """Labels of the loss the classifier picks (transformers' problem_type): one class per
+    row, a 0/1 row of every label (multi-label), or values (regression, one label)."""
+    config = _config()
+    labels = config.num_labels
+    kind = getattr(config, "problem_type", None)
+    if kind == "multi_label_classification":
+        return torch.randint(0, 2, (batch_size, labels)).float()
+    if kind == "regression" or labels == 1:
+        return torch.randn(batch_size, labels) if labels > 1 else torch.randn(batch_size)
+    return torch.randint(0, labels, (batch_size,), dtype=torch.long)
 
 
 def training_step(model, batch):

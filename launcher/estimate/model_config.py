@@ -142,7 +142,7 @@ def _shape_from_config(config: dict[str, Any], *, seq_len: int | None = None) ->
         i = _get(config, "n_inner", default=4 * h)
         layer = 2 * h + (h * 3 * h + 3 * h) + (h * h + h) + 2 * h + (h * i + i) + (i * h + h)
         embed = v * h + positions * h
-        total = embed + n * layer + 2 * h + (head if labels else 0)  # its LM head is tied
+        total = embed + n * layer + 2 * h + head  # tied unless the config says otherwise
         return ModelShape(parameters=total, model_type=kind, layers=n, hidden=h, heads=a,
                           kv_heads=a, intermediate=i, vocab=v, seq_len=s, gated_mlp=False,
                           layer_parameters=layer, embedding_parameters=embed, tied_output=tied,
@@ -173,17 +173,19 @@ def _shape_from_config(config: dict[str, Any], *, seq_len: int | None = None) ->
 def _classifier_labels(config: dict[str, Any]) -> int | None:
     """The label count of a sequence-classification config (``architectures`` names a
     ``*ForSequenceClassification`` class: a fine-tune of BERT or of a decoder for labels), as
-    transformers reads it (``id2label``'s length, else ``num_labels``, else 2); None for a
-    language model. Encoder-decoders keep their LM head here (their classifiers run the
-    decoder on one token: not modelled)."""
+    transformers 5 reads it (``num_labels`` where given, which wins over an ``id2label`` of
+    another length, else ``id2label``'s length, as a saved fine-tune's config has it, else 2);
+    None for a language model. Encoder-decoders keep their LM head here (their classifiers run
+    the decoder on one token: not modelled)."""
     names = config.get("architectures")
     first = names[0] if isinstance(names, list) and names else names
     if not (isinstance(first, str) and first.endswith("ForSequenceClassification")):
         return None
+    given = _get(config, "num_labels")
+    if given is not None:
+        return given
     id2label = config.get("id2label")
-    if isinstance(id2label, dict) and id2label:
-        return len(id2label)
-    return _get(config, "num_labels", default=2)
+    return len(id2label) if isinstance(id2label, dict) and id2label else 2
 
 
 def _encoder_decoder_shape(config: dict[str, Any], kind: str, *, seq_len: int | None

@@ -412,3 +412,22 @@ def test_a_sequence_classifier_is_counted_as_transformers_builds_it(name):
     dropped = lm.activation_bytes_per_sample() - shape.activation_bytes_per_sample()
     assert dropped == s * (v - labels) * 12
     assert not shape.tied_output
+
+
+@pytest.mark.parametrize("config", [
+    # transformers 5: num_labels wins over an id2label of another length
+    {**BERT_BASE, "architectures": ["BertForSequenceClassification"], "num_labels": 5,
+     "id2label": {"0": "a", "1": "b", "2": "c"}},
+    # a GPT-2 whose config unties the output layer (GPT2LMHeadModel then has its own)
+    {**GPT2, "architectures": ["GPT2LMHeadModel"], "tie_word_embeddings": False},
+], ids=["num_labels_over_id2label", "gpt2_untied"])
+def test_counts_follow_transformers_on_conflicting_fields(config):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    with torch.device("meta"):
+        model = getattr(transformers, config["architectures"][0])(
+            transformers.AutoConfig.for_model(**config))
+    shape = shape_from_config(config)
+    assert shape.parameters == model.num_parameters()
+    if "num_labels" in config:
+        assert shape.labels == model.config.num_labels == 5

@@ -330,3 +330,27 @@ def test_a_sequence_classifier_is_built_and_traced_as_such(tmp_path):
     lm = model_config.shape_from_config({**TINY_LLAMA}, seq_len=SEQ_LEN)
     assert lm.parameters - shape.parameters == TINY_LLAMA["vocab_size"] * TINY_LLAMA[
         "hidden_size"] - 3 * TINY_LLAMA["hidden_size"]  # its own lm_head, against a score
+
+
+@pytest.mark.parametrize("extra, shape, dtype", [
+    ({"num_labels": 3, "problem_type": "multi_label_classification"}, (2, 3), "float32"),
+    ({"num_labels": 1}, (2,), "float32"),  # a reward model: one value, regression
+    ({"num_labels": 3, "problem_type": "regression"}, (2, 3), "float32"),
+    ({"id2label": {"0": "no", "1": "yes"}}, (2,), "int64"),
+], ids=["multi_label", "one_label", "regression", "id2label"])
+def test_a_classifier_batch_is_what_its_loss_takes(tmp_path, extra, shape, dtype):
+    """The labels follow the classifier's ``problem_type`` (BCE takes 0/1 rows, MSE values,
+    cross-entropy classes): a real step of the recipe runs, on real tensors."""
+    pytest.importorskip("transformers")
+    import importlib.util
+
+    config = {**TINY_BERT, "architectures": ["BertForSequenceClassification"], **extra}
+    recipe = write_recipe(_write(tmp_path / "cls", config), 16, tmp_path / "recipes")
+    spec = importlib.util.spec_from_file_location(f"recipe_{tmp_path.name}", recipe)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    model = module.build_model()
+    batch = module.example_batch(2)
+    assert tuple(batch["labels"].shape) == shape and str(batch["labels"].dtype)[6:] == dtype
+    module.training_step(model, batch).backward()
+    assert type(model).__name__ == "BertForSequenceClassification"
