@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
-
-import pytest
 
 from launcher.status import ExitStatus
 from tests.conftest import EXAMPLES, TINY_RECIPE
@@ -289,24 +288,36 @@ def test_a_run_whose_runner_was_killed_ends_for_attach_logs_and_cancel(cli, writ
     assert time.monotonic() - started < 60
 
 
-@pytest.mark.parametrize("name, content", [
+#: A state file, and what a crash, a full disk or a hand left in it: each is a usage error (exit 2)
+#: naming the file, for every command that reads it.
+CORRUPTIONS = [
     ("attempts.jsonl", '{"number": 1, "pla'), ("run.json", "{}"),
     ("attempt-1/exit.json", "not json"), ("attempt-1/runner.json", "[]"),
-])
-def test_corrupt_state_is_exit_2_naming_the_file(cli, tiny_recipe, tmp_path, name, content):
+]
+
+
+def test_corrupt_state_is_exit_2_naming_the_file(cli, tiny_recipe, tmp_path):
+    """One finished run, each corruption applied to a fresh copy of its state (one job for the
+    four cases: the job is what costs seconds, the state is what is tested)."""
     result = cli(str(tiny_recipe), "--json")
     assert result.status == 0, result.stderr
     run_dir = tmp_path / "state" / "runs" / result.json()["run_id"]
-    if name.startswith("attempt-1/"):  # recorded as running: every command polls the job
-        (run_dir / "attempt-1" / "exit.json").unlink()
-        lines = (run_dir / "attempts.jsonl").read_text().replace('"succeeded"', '"running"')
-        (run_dir / "attempts.jsonl").write_text(lines)
-    (run_dir / name).write_text(content)
-    for command in ("status", "cancel", "attach"):
-        out = cli(command, run_dir.name)
-        assert out.status == ExitStatus.USAGE, (command, out.stderr)
-        assert out.stderr.count("\n") == 1 and Path(name).name in out.stderr, out.stderr
-        assert "Traceback" not in out.stderr and "internal error" not in out.stderr
+    pristine = tmp_path / "pristine"
+    shutil.copytree(run_dir, pristine)
+    for name, content in CORRUPTIONS:
+        shutil.rmtree(run_dir)
+        shutil.copytree(pristine, run_dir)
+        if name.startswith("attempt-1/"):  # recorded as running: every command polls the job
+            (run_dir / "attempt-1" / "exit.json").unlink()
+            lines = (run_dir / "attempts.jsonl").read_text().replace('"succeeded"', '"running"')
+            (run_dir / "attempts.jsonl").write_text(lines)
+        (run_dir / name).write_text(content)
+        for command in ("status", "cancel", "attach"):
+            out = cli(command, run_dir.name)
+            assert out.status == ExitStatus.USAGE, (name, command, out.stderr)
+            assert out.stderr.count("\n") == 1 and Path(name).name in out.stderr, (
+                name, out.stderr)
+            assert "Traceback" not in out.stderr and "internal error" not in out.stderr, name
 
 
 # Data that grows partway through: sequences of 64 tokens for the first 48 samples (three steps
