@@ -702,6 +702,23 @@ def torchtitan_rows() -> list[dict[str, Any]]:
     return rows
 
 
+def _rank_traced_note(config: dict[str, Any], seq: int, checkpointing: bool | str,
+                      published_ratio: float) -> str:
+    """One rank traced at world size 8 whatever the plan's distance from capacity (the planner
+    does so only within 15% of it): its allocator replay against the run's reserved / active.
+    Empty without traces."""
+    fp = traced_footprint(config, seq, "bf16_mixed", "adamw", checkpointing)
+    if isinstance(fp, str) or fp.rank_memory_at is None:
+        return ""
+    rank = fp.rank_memory_at("fsdp", 1, 8, 8, 1)
+    if rank is None or not rank.peak_allocated or not rank.peak_reserved:
+        return ""
+    return (f"one rank traced at world size 8 ({TITAN_TRACED_MODEL}): allocated "
+            f"{rank.peak_allocated / GiB:.2f} GiB, reserved {rank.peak_reserved / GiB:.2f} GiB "
+            f"by the allocator replay, {rank.peak_reserved / rank.peak_allocated:.2f} x, "
+            f"against the run's {published_ratio:.2f} x")
+
+
 def _titan_pr165_rows() -> list[dict[str, Any]]:
     """torchtitan PR #165: Llama 7B, FSDP2 over 8 H100s, local batch 8, sequence 2048, bf16
     parameters with fp32 reduce-scatter, eager; full AC and selective AC. Each run's peak active
@@ -727,6 +744,11 @@ def _titan_pr165_rows() -> list[dict[str, Any]]:
                         flash=True)
         memory = per_gpu_memory(fp, target, "fsdp", 1, 8, 8)
         assert memory.peak_allocated is not None and memory.peak_reserved is not None
+        # launch plan --model-config (transformers' LlamaForCausalLM with the 7B shape)
+        traced, how = traced_memory(LLAMA_7B_TITAN, 2048, "bf16_mixed", "adamw", ac, target,
+                                    "fsdp", 1, 8, 8)
+        how += "; " + TITAN_TRACED_MODEL if traced is not None else ""
+        rank_note = _rank_traced_note(LLAMA_7B_TITAN, 2048, ac, reserved_pct / active_pct)
         assumptions = base + (
             ["full AC: every TransformerBlock checkpointed = launcher full AC"] if ac is True
             else ["SAC: torchtitan's op-level policy (every other matmul output and the "
@@ -749,7 +771,8 @@ def _titan_pr165_rows() -> list[dict[str, Any]]:
             compared="per_gpu_memory(fsdp).peak_allocated", assumptions=assumptions,
             needs=[] if ac is True else ["selective AC"],
             explanation="the allocated side of the run: model states sharded 8 ways, the kept "
-                        "layer inputs (or the policy's outputs) and the loss's 12 B per logit"))
+                        "layer inputs (or the policy's outputs) and the loss's 12 B per logit",
+            traced=None if traced is None else traced.peak_allocated / GiB, traced_how=how))
         rows.append(_row(
             source="torchtitan PR #165 (per-parameter FSDP, 2024)", url=TITAN_PR165_URL,
             where=f"PR description, 1D FSDP, Eager, FSDP2 ({label})",
@@ -760,7 +783,9 @@ def _titan_pr165_rows() -> list[dict[str, Any]]:
             compared="per_gpu_memory(fsdp).peak_reserved", assumptions=assumptions,
             needs=[] if ac is True else ["selective AC"],
             explanation=("missing feature: " if memory.peak_reserved / GiB
-                         < 0.95 * reserved_pct / 100 * capacity else "") + reserve))
+                         < 0.95 * reserved_pct / 100 * capacity else "") + reserve,
+            note=rank_note,
+            traced=None if traced is None else traced.peak_reserved / GiB, traced_how=how))
     return rows
 
 
