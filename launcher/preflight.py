@@ -259,7 +259,10 @@ def preflight(spec: Spec, info: ScriptInfo, state_dir: Path | None = None,
     hf_failed: dict[str, str] = {}
 
     traced: dict[tuple[str, str], dict[bool, Footprint | UsageError]] = {}
-    can_checkpoint = remedies.can_checkpoint(info.hooks, described=shape is not None)
+    # A described plain script checkpoints by the contract's LAUNCH_CHECKPOINTING; a recipe is
+    # checkpointed by the template, which needs its wrap_modules() whatever describes it.
+    can_checkpoint = remedies.can_checkpoint(
+        info.hooks, described=shape is not None and info.mode == "script")
     pinned = _pinned_checkpointing(spec)
     if pinned not in (None, "none") and not can_checkpoint:
         raise UsageError(

@@ -84,9 +84,10 @@ def checkpointing_label(mode: str) -> str:
 def can_checkpoint(hooks: Collection[str], *, described: bool = False) -> bool:
     """Whether the script's blocks can be checkpointed: the templates checkpoint the blocks its
     ``wrap_modules()`` names (a framework script's probe adds that hook when it found the
-    model's blocks). ``described``: the model is described by a config file or ``--params``
-    (``preflight.describe``), whose estimate is made of its layers: the planner counts those as
-    blocks that can be checkpointed."""
+    model's blocks). ``described``: a plain script whose model is described by a config file or
+    ``--params`` (``preflight.describe``), whose estimate is made of its layers: the script
+    checkpoints them itself when the plan says so (``LAUNCH_CHECKPOINTING``, the script
+    contract). A recipe is checkpointed by the templates, described or not: it needs the hook."""
     return described or "wrap_modules" in hooks
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 import textwrap
 from pathlib import Path
@@ -87,3 +88,28 @@ def test_a_pinned_checkpointing_the_recipe_cannot_apply_is_refused_before_any_jo
         assert result.status == 2, result.stdout
         assert "wrap_modules()" in result.stderr and "Traceback" not in result.stderr
     assert cli("plan", str(script), "--checkpointing", "none", "--json").status == 0
+
+
+def test_a_described_recipe_without_wrap_modules_is_never_planned_with_checkpointing(
+        cli, write_script, tmp_path) -> None:
+    """--model-config sizes the model from its config, but the templates still checkpoint the
+    recipe's wrap_modules() blocks and stop without them: refused when pinned, and never chosen
+    as a remedy, even where only checkpointing would fit. A plain script, which checkpoints by
+    the contract's LAUNCH_CHECKPOINTING itself, may still be planned with it."""
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({
+        "model_type": "llama", "hidden_size": 2048, "intermediate_size": 5632,
+        "num_hidden_layers": 22, "num_attention_heads": 32, "num_key_value_heads": 4,
+        "vocab_size": 32000, "max_position_embeddings": 2048}))
+    tight = ("--model-config", str(config), "--seq-len", "2048", "--provider", "vertex",
+             "--region", "us-central1", "--machine", "a2-highgpu-1g", "--micro-batch-size",
+             "8", "--global-batch-size", "64", "--precision", "fp32", "--json")
+    recipe = write_script(NO_WRAP)
+    pinned = cli("plan", str(recipe), *tight, "--checkpointing", "full")
+    assert pinned.status == 2 and "wrap_modules()" in pinned.stderr, pinned.stdout
+    chosen = cli("plan", str(recipe), *tight).json()["chosen"]
+    assert chosen is None or not chosen["activation_checkpointing"], chosen
+    plain = tmp_path / "plain.py"
+    plain.write_text("print('trains by the LAUNCH_* variables')\n")
+    chosen = cli("plan", str(plain), *tight).json()["chosen"]
+    assert chosen is not None and chosen["activation_checkpointing"], chosen
