@@ -274,3 +274,13 @@ def test_traced_column_is_launch_plans_trace(monkeypatch):
     again, _ = bench_published.traced_memory(tiny, 64, "bf16_mixed", "adamw", False, target,
                                              "single", 1, 1, 4)
     assert len(bench_published._TRACED) == 1 and again.total > memory.total
+
+
+def test_torchtune_packed_llama32_3b_in_pure_bf16(rows):
+    """torchtune's Llama 3.2 3B full fine-tune, batch 2 x 4096 packed tokens, pure bf16 AdamW on
+    one A100 (60.0 GiB peak active): the launcher's 'bf16' precision (8 B/param of model states,
+    no master copy) within 5%; the later rows of the table need compile or a chunked loss."""
+    (row,) = [r for r in rows if r["source"].startswith("torchtune") and r["kind"] == "measured"]
+    assert row["published"] == 60.0 and abs(row["error_pct"]) < 5, row["error_pct"]
+    later = [r for r in rows if r["source"].startswith("torchtune") and r is not row]
+    assert len(later) == 3 and all(r["kind"] == "needs_feature" for r in later)
