@@ -65,6 +65,15 @@ CASES: list[tuple[dict[str, Any], dict[str, Any]]] = [
     ({"name": "fsdp", "world_size": 2}, {"grad_accum_steps": 2}),
     ({"name": "fsdp", "world_size": 2}, {"activation_checkpointing": True}),
     ({"name": "fsdp", "world_size": 2, "reshard_after_forward": False}, {"foreach": True}),
+    # the planner's rungs between full checkpointing and full sharding: selective (op-level)
+    # checkpointing under each strategy, and ZeRO-2 with each checkpointing mode
+    ({"name": "ddp", "world_size": 2},
+     {"precision": "bf16_mixed", "activation_checkpointing": "selective"}),
+    ({"name": "fsdp", "world_size": 2}, {"activation_checkpointing": "selective"}),
+    ({"name": "fsdp", "world_size": 2, "reshard_after_forward": False},
+     {"precision": "bf16_mixed", "activation_checkpointing": "selective"}),
+    ({"name": "fsdp", "world_size": 2, "reshard_after_forward": False},
+     {"activation_checkpointing": True}),
     ({"name": "hybrid_shard", "world_size": 2, "replicas": 1}, {"foreach": True}),
     ({"name": "hybrid_shard", "world_size": 2, "replicas": 2}, {"foreach": True}),
 ]
@@ -135,7 +144,7 @@ def _free_port() -> int:
 def measure_world(
     recipe: str | os.PathLike[str], strategy: dict[str, Any], *, micro_batch: int,
     precision: str = "fp32", optimizer: str | None = "adamw", foreach: bool | None = None,
-    grad_accum_steps: int = 1, activation_checkpointing: bool = False,
+    grad_accum_steps: int = 1, activation_checkpointing: bool | str = False,
     max_grad_norm: float | None = 1.0, seed: int = 0, timeout_s: float = 600,
     python: str | None = None,
 ) -> list[dict[str, Any]]:
@@ -147,7 +156,8 @@ def measure_world(
     request = {
         "action": "measure", "recipe_file": str(Path(recipe).resolve()),
         "micro_batch": int(micro_batch), "precision": precision, "optimizer": optimizer,
-        "activation_checkpointing": bool(activation_checkpointing),
+        # False | True (full) | "selective": the mode as the trace request carries it
+        "activation_checkpointing": activation_checkpointing,
         "grad_accum_steps": int(grad_accum_steps), "max_grad_norm": max_grad_norm,
         "seed": seed, "foreach": foreach, "strategy": strategy, "threads": 1,
     }
@@ -337,7 +347,9 @@ def _label(strategy: dict[str, Any], config: dict[str, Any]) -> str:
         parts.append("foreach" if config["foreach"] else "for-loop")
     if config.get("grad_accum_steps", 1) > 1:
         parts.append(f"accum {config['grad_accum_steps']}")
-    if config.get("activation_checkpointing"):
+    if config.get("activation_checkpointing") == "selective":
+        parts.append("selective AC")
+    elif config.get("activation_checkpointing"):
         parts.append("AC")
     return f"{name} | {', '.join(parts)}"
 
@@ -350,6 +362,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--micro-batch", type=int, default=2)
     parser.add_argument("--worlds", default="8,64")
     parser.add_argument("--json", default=None, help="also write the results here")
+    parser.add_argument("--cases", default=None,
+                        help="part 1: only the cases whose label contains this text "
+                             "(e.g. 'selective AC')")
     args = parser.parse_args(argv)
     directory = Path(tempfile.mkdtemp(prefix="bench_estimate_dist_"))
     results: dict[str, Any] = {}
@@ -359,6 +374,8 @@ def main(argv: list[str] | None = None) -> int:
         rows = []
         for arch in args.archs.split(","):
             for strategy, config in CASES:
+                if args.cases and args.cases not in _label(strategy, config):
+                    continue
                 row = accuracy(arch, directory / arch, strategy, config, args.micro_batch)
                 rows.append(row)
                 print(json.dumps(row), file=sys.stderr, flush=True)
