@@ -20,7 +20,12 @@ from launcher import remedies
 from launcher.estimate.analytic import ModelShape
 from launcher.estimate.calibration import model_key
 from launcher.estimate.footprint import Footprint, from_shape
-from launcher.estimate.model_config import load_config, shape_from_params
+from launcher.estimate.model_config import (
+    UnsupportedModelType,
+    load_config,
+    read_config,
+    shape_from_params,
+)
 from launcher.estimate.states import model_states
 from launcher.plan.plan import Memory
 from launcher.plan.planner import PlanResult, plan
@@ -240,8 +245,14 @@ def preflight(spec: Spec, info: ScriptInfo, state_dir: Path | None = None,
               environ: dict[str, str] | None = None) -> PlanResult:
     if info.framework is not None:
         spec = _framework_spec(spec, info)
-    shape, source = describe(spec, info)
     environ = dict(os.environ if environ is None else environ)
+    described = False
+    try:
+        shape, source = describe(spec, info)
+        described = shape is not None
+    except UnsupportedModelType as exc:
+        info = _config_recipe(spec, info, environ, state_dir, exc)
+        shape, source, described = None, "config", True
     if spec.provider == "local":
         targets = [local_target(spec, info.hardware)]
     else:
@@ -262,7 +273,7 @@ def preflight(spec: Spec, info: ScriptInfo, state_dir: Path | None = None,
     # A described plain script checkpoints by the contract's LAUNCH_CHECKPOINTING; a recipe is
     # checkpointed by the template, which needs its wrap_modules() whatever describes it.
     can_checkpoint = remedies.can_checkpoint(
-        info.hooks, described=shape is not None and info.mode == "script")
+        info.hooks, described=described and info.mode == "script")
     pinned = _pinned_checkpointing(spec)
     if pinned not in (None, "none") and not can_checkpoint:
         raise UsageError(
@@ -313,6 +324,54 @@ def preflight(spec: Spec, info: ScriptInfo, state_dir: Path | None = None,
     if budget.note() is not None:
         result.notes.append(budget.note())  # type: ignore[arg-type]
     return result
+
+
+def _config_recipe(spec: Spec, info: ScriptInfo, environ: dict[str, str],
+                   state_dir: Path | None, error: UnsupportedModelType) -> ScriptInfo:
+    """A ``--model-config`` of an architecture the analytic sizer does not know (Gemma 2, OPT,
+    Falcon, OLMo, DeepSeek, Mamba...), as the recipe transformers builds from it
+    (estimate/hf_recipe.py): ``info`` with that recipe to trace in place of the script, as a
+    framework script's generated recipe is, and its size as the recipe probe counts it on the
+    meta device (exact parameters, the largest block as FSDP's unit). The script that runs is
+    still the user's. ``error`` is raised, with what would lift it, where this cannot be done:
+    tracing off, transformers not installed, no sequence length, or an architecture
+    transformers does not know either."""
+    from launcher.estimate.hf_recipe import write_recipe
+    from launcher.recipe import inspect_script
+    from launcher.status import LaunchError
+
+    def refuse(hint: str) -> UsageError:
+        return UsageError(error.message, hint)
+
+    if error.model_type is None:
+        raise error
+    if environ.get("LAUNCH_NO_TRACE") == "1":
+        raise refuse("unset LAUNCH_NO_TRACE to have it traced as transformers builds it, or "
+                     "give --params")
+    if importlib.util.find_spec("transformers") is None:
+        raise refuse("install transformers to have it traced as transformers builds it, or "
+                     "give --params")
+    config = read_config(spec.model_config)  # type: ignore[arg-type]
+    seq_len = spec.seq_len or next(
+        (v for k in ("max_position_embeddings", "n_positions", "max_sequence_length")
+         if isinstance(v := config.get(k), int) and not isinstance(v, bool) and v > 0), None)
+    if seq_len is None:
+        raise refuse("its config names no sequence length: give --seq-len")
+    folder = (state_dir / "hf_recipes" if state_dir is not None
+              else Path(tempfile.mkdtemp(prefix="launch-hf-")))
+    recipe = write_recipe(spec.model_config, seq_len, folder,  # type: ignore[arg-type]
+                          attention=spec.attention)
+    try:
+        built = inspect_script(recipe, env=environ, local=False, count_flops=False)
+    except LaunchError as exc:
+        raise refuse(f"transformers could not build it either ({exc.message}); give "
+                     "--params") from None
+    note = (f"model_type {error.model_type!r} has no analytic shape here: sized by tracing "
+            f"the model transformers builds from the config (sequence {seq_len})")
+    return replace(info, framework_recipe=recipe, parameters=built.parameters,
+                   trainable_parameters=built.trainable_parameters,
+                   parameter_bytes=built.parameter_bytes, buffer_bytes=built.buffer_bytes,
+                   unit_parameters=built.unit_parameters, notes=(*info.notes, note))
 
 
 def _pinned_checkpointing(spec: Spec) -> str | None:

@@ -113,3 +113,51 @@ def test_a_described_recipe_without_wrap_modules_is_never_planned_with_checkpoin
     plain.write_text("print('trains by the LAUNCH_* variables')\n")
     chosen = cli("plan", str(plain), *tight).json()["chosen"]
     assert chosen is not None and chosen["activation_checkpointing"], chosen
+
+
+#: A decoder the analytic sizer has no formula for (OPT: learned positions, ReLU MLP, biases),
+#: which transformers builds: preflight traces it instead of refusing it.
+TINY_OPT = {"model_type": "opt", "architectures": ["OPTForCausalLM"], "hidden_size": 64,
+            "ffn_dim": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "vocab_size": 512, "max_position_embeddings": 64, "word_embed_proj_dim": 64}
+
+
+def _config_plan(cli, tmp_path: Path, config: dict, traced: bool):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    script = tmp_path / "train.py"
+    script.write_text("print('training')\n")
+    return cli("plan", str(script), "--model-config", str(path), "--gpus-per-node", "1",
+               "--global-batch-size", "4", "--json",
+               environ={"LAUNCH_NO_TRACE": "0" if traced else "1"})
+
+
+def test_a_config_launch_cannot_size_is_traced_as_transformers_builds_it(cli, tmp_path: Path
+                                                                          ) -> None:
+    import torch
+    from transformers import OPTConfig, OPTForCausalLM
+
+    result = _config_plan(cli, tmp_path, TINY_OPT, traced=True)
+    assert result.status == 0, result.stderr
+    out = json.loads(result.stdout)
+    with torch.device("meta"):
+        model = OPTForCausalLM(OPTConfig(**TINY_OPT))
+    # the parameters transformers' own class has (tied output layer counted once)
+    assert out["model"] == {"parameters": sum(p.numel() for p in model.parameters()),
+                            "source": "config"}
+    memory = out["chosen"]["memory"]
+    assert memory["activations"] and memory["activations"] > 0  # traced, not states only
+    assert any("'opt' has no analytic shape" in note for note in out["notes"])
+
+
+def test_a_config_launch_cannot_size_is_refused_in_one_line_when_it_cannot_be_traced(
+        cli, tmp_path: Path) -> None:
+    untraced = _config_plan(cli, tmp_path, TINY_OPT, traced=False)
+    assert untraced.status == 2 and untraced.stderr.count("\n") == 1, untraced.stderr
+    assert 'model_type "opt" is not one launch can size' in untraced.stderr
+    assert "unset LAUNCH_NO_TRACE" in untraced.stderr
+    unknown = _config_plan(cli, tmp_path, {**TINY_OPT, "model_type": "not_a_model"},
+                           traced=True)
+    assert unknown.status == 2 and unknown.stderr.count("\n") == 1, unknown.stderr
+    assert "transformers could not build it either" in unknown.stderr
+    assert "Traceback" not in unknown.stderr + untraced.stderr

@@ -97,8 +97,10 @@ def _config_attention(config: dict[str, Any]) -> str | None:
 def _shape_from_config(config: dict[str, Any], *, seq_len: int | None = None) -> ModelShape:
     kind = config.get("model_type")
     if kind not in SUPPORTED:
-        raise UsageError(f"model_type {_show(kind)} is not one launch can size from its config",
-                         f"supported: {', '.join(SUPPORTED)}; or give --params")
+        raise UnsupportedModelType(
+            f"model_type {_show(kind)} is not one launch can size from its config",
+            f"supported: {', '.join(SUPPORTED)}; or give --params",
+            kind if isinstance(kind, str) else None)
     if kind in ENCODER_DECODER:
         return _encoder_decoder_shape(config, kind, seq_len=seq_len)
     h = _get(config, "hidden_size", "n_embd", "d_model")
@@ -260,6 +262,16 @@ def _encoder_decoder_shape(config: dict[str, Any], kind: str, *, seq_len: int | 
                       encoder_parameters=encoder, audio_channels=audio, tied_output=tied)
 
 
+class UnsupportedModelType(UsageError):
+    """A config whose ``model_type`` this module cannot size. Not the end of the road where
+    transformers is installed: it builds every architecture it knows, and preflight then traces
+    that model (launcher/preflight.py, ``_config_recipe``)."""
+
+    def __init__(self, message: str, hint: str = "", model_type: str | None = None):
+        super().__init__(message, hint)
+        self.model_type = model_type
+
+
 def load_config(path: Path, *, seq_len: int | None = None, attention: str | None = None
                 ) -> ModelShape:
     """The shape of the model ``--model-config`` describes; a UsageError that names the file
@@ -268,6 +280,8 @@ def load_config(path: Path, *, seq_len: int | None = None, attention: str | None
     config = read_config(path)
     try:
         return shape_from_config(config, seq_len=seq_len, attention=attention)
+    except UnsupportedModelType as exc:
+        raise UnsupportedModelType(f"{path}: {exc.message}", exc.hint, exc.model_type) from None
     except UsageError as exc:
         raise UsageError(f"{path}: {exc.message}", exc.hint) from None
 
