@@ -23,6 +23,7 @@ from launcher.estimate.footprint import Footprint, from_shape
 from launcher.estimate.model_config import (
     UnsupportedModelType,
     load_config,
+    max_positions,
     read_config,
     shape_from_params,
 )
@@ -214,10 +215,8 @@ def _hf_traced(spec: Spec, shape: ModelShape, precision: str, optimizer: str,
     timeout = options["timeout_s"]
     if "note" not in failed:
         try:
-            folder = (state_dir / "hf_recipes" if state_dir is not None
-                      else Path(tempfile.mkdtemp(prefix="launch-hf-")))
-            recipe = write_recipe(spec.model_config, shape.seq_len, folder,  # type: ignore
-                                  attention=spec.attention)
+            recipe = write_recipe(spec.model_config, shape.seq_len,  # type: ignore[arg-type]
+                                  _recipe_folder(state_dir), attention=spec.attention)
             trace = trace_recipe(
                 recipe, precision=precision, optimizer=optimizer,
                 activation_checkpointing=checkpointing, device=device,  # type: ignore[arg-type]
@@ -326,6 +325,13 @@ def preflight(spec: Spec, info: ScriptInfo, state_dir: Path | None = None,
     return result
 
 
+def _recipe_folder(state_dir: Path | None) -> Path:
+    """Where the recipes made from Hugging Face configs are written: the state dir's
+    ``hf_recipes/`` (one folder per config and length, reused), else a new temporary one."""
+    return (state_dir / "hf_recipes" if state_dir is not None
+            else Path(tempfile.mkdtemp(prefix="launch-hf-")))
+
+
 def _config_recipe(spec: Spec, info: ScriptInfo, environ: dict[str, str],
                    state_dir: Path | None, error: UnsupportedModelType) -> ScriptInfo:
     """A ``--model-config`` of an architecture the analytic sizer does not know (Gemma 2, OPT,
@@ -351,16 +357,17 @@ def _config_recipe(spec: Spec, info: ScriptInfo, environ: dict[str, str],
     if importlib.util.find_spec("transformers") is None:
         raise refuse("install transformers to have it traced as transformers builds it, or "
                      "give --params")
-    config = read_config(spec.model_config)  # type: ignore[arg-type]
-    seq_len = spec.seq_len or next(
-        (v for k in ("max_position_embeddings", "n_positions", "max_sequence_length")
-         if isinstance(v := config.get(k), int) and not isinstance(v, bool) and v > 0), None)
+    try:
+        seq_len = spec.seq_len or max_positions(read_config(spec.model_config))  # type: ignore
+    except UsageError as exc:  # a malformed size: the file and the field, as the sizer says
+        raise UsageError(f"{spec.model_config}: {exc.message}", exc.hint) from None
     if seq_len is None:
         raise refuse("its config names no sequence length: give --seq-len")
-    folder = (state_dir / "hf_recipes" if state_dir is not None
-              else Path(tempfile.mkdtemp(prefix="launch-hf-")))
-    recipe = write_recipe(spec.model_config, seq_len, folder,  # type: ignore[arg-type]
-                          attention=spec.attention)
+    try:
+        recipe = write_recipe(spec.model_config, seq_len,  # type: ignore[arg-type]
+                              _recipe_folder(state_dir), attention=spec.attention)
+    except OSError as exc:
+        raise refuse(f"the recipe to trace it could not be written: {exc}") from None
     try:
         built = inspect_script(recipe, env=environ, local=False, count_flops=False)
     except LaunchError as exc:

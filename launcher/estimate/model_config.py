@@ -110,7 +110,7 @@ def _shape_from_config(config: dict[str, Any], *, seq_len: int | None = None) ->
     if None in (h, n, a, v):
         raise UsageError("the config lacks hidden_size, num_hidden_layers, "
                          "num_attention_heads or vocab_size")
-    positions = _get(config, "max_position_embeddings", "n_positions", "n_ctx")
+    positions = max_positions(config)
     s = seq_len or positions
     labels = _classifier_labels(config)
     tied = labels is None and _flag(config, "tie_word_embeddings",
@@ -260,6 +260,12 @@ def _encoder_decoder_shape(config: dict[str, Any], kind: str, *, seq_len: int | 
                       gated_mlp=gated, layer_parameters=largest, embedding_parameters=embed,
                       encoder_layers=ne, encoder_seq_len=encoder_len,
                       encoder_parameters=encoder, audio_channels=audio, tied_output=tied)
+
+
+def max_positions(config: dict[str, Any]) -> int | None:
+    """The longest sequence a decoder's or encoder's config names (its positions): the
+    sequence length a plan takes when ``--seq-len`` is not given."""
+    return _get(config, "max_position_embeddings", "n_positions", "n_ctx")
 
 
 class UnsupportedModelType(UsageError):
