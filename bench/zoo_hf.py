@@ -13,6 +13,11 @@ configs' defaults, as a user's would be; the loss is the model's own (``labels``
 | llama_masked | the same, batches with an all-ones ``attention_mask`` (a tokenizer's)   |
 | gpt2       | GPT2LMHeadModel (tied head)      | GPT2Block                                 |
 | qwen2      | Qwen2ForCausalLM (GQA 4/2)       | Qwen2DecoderLayer                         |
+| gemma2     | Gemma2ForCausalLM (sliding window, soft-capping) | Gemma2DecoderLayer        |
+| opt        | OPTForCausalLM (learned positions, ReLU) | OPTDecoderLayer                   |
+| falcon     | FalconForCausalLM (parallel attention, MQA) | FalconDecoderLayer             |
+| olmo2      | Olmo2ForCausalLM (post-norms, QK norms) | Olmo2DecoderLayer                  |
+| gptj       | GPTJForCausalLM (parallel, partial rotary) | GPTJBlock                       |
 | t5         | T5ForConditionalGeneration       | T5Block                                   |
 | bart       | BartForConditionalGeneration     | BartEncoderLayer, BartDecoderLayer        |
 | whisper    | WhisperForConditionalGeneration  | WhisperEncoderLayer, WhisperDecoderLayer  |
@@ -150,6 +155,73 @@ def qwen2() -> HFModel:
             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=SEQ))
 
     return HFModel("qwen2", build, _lm_batch, _loss, lambda: (Qwen2DecoderLayer,))
+
+
+def gemma2() -> HFModel:
+    """Sliding-window and global layers in turn, soft-capped attention scores and logits."""
+    from transformers import AutoModelForCausalLM, Gemma2Config
+    from transformers.models.gemma2.modeling_gemma2 import Gemma2DecoderLayer
+
+    def build() -> torch.nn.Module:
+        return _from_config(AutoModelForCausalLM, Gemma2Config(
+            vocab_size=VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+            max_position_embeddings=SEQ, sliding_window=16))
+
+    return HFModel("gemma2", build, _lm_batch, _loss, lambda: (Gemma2DecoderLayer,))
+
+
+def opt() -> HFModel:
+    """Learned positions, a ReLU MLP, biases everywhere."""
+    from transformers import AutoModelForCausalLM, OPTConfig
+    from transformers.models.opt.modeling_opt import OPTDecoderLayer
+
+    def build() -> torch.nn.Module:
+        return _from_config(AutoModelForCausalLM, OPTConfig(
+            vocab_size=VOCAB, hidden_size=128, ffn_dim=512, num_hidden_layers=2,
+            num_attention_heads=4, max_position_embeddings=SEQ, word_embed_proj_dim=128))
+
+    return HFModel("opt", build, _lm_batch, _loss, lambda: (OPTDecoderLayer,))
+
+
+def falcon() -> HFModel:
+    """Attention and MLP in parallel off one norm, multi-query attention, fused QKV."""
+    from transformers import AutoModelForCausalLM, FalconConfig
+    from transformers.models.falcon.modeling_falcon import FalconDecoderLayer
+
+    def build() -> torch.nn.Module:
+        return _from_config(AutoModelForCausalLM, FalconConfig(
+            vocab_size=VOCAB, hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
+            max_position_embeddings=SEQ))
+
+    return HFModel("falcon", build, _lm_batch, _loss, lambda: (FalconDecoderLayer,))
+
+
+def olmo2() -> HFModel:
+    """Norms after attention and MLP, and on queries and keys."""
+    from transformers import AutoModelForCausalLM, Olmo2Config
+    from transformers.models.olmo2.modeling_olmo2 import Olmo2DecoderLayer
+
+    def build() -> torch.nn.Module:
+        return _from_config(AutoModelForCausalLM, Olmo2Config(
+            vocab_size=VOCAB, hidden_size=128, intermediate_size=344, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=SEQ,
+            pad_token_id=0))
+
+    return HFModel("olmo2", build, _lm_batch, _loss, lambda: (Olmo2DecoderLayer,))
+
+
+def gptj() -> HFModel:
+    """Attention and MLP in parallel, partial rotary embeddings, an untied head with a bias."""
+    from transformers import AutoModelForCausalLM, GPTJConfig
+    from transformers.models.gptj.modeling_gptj import GPTJBlock
+
+    def build() -> torch.nn.Module:
+        return _from_config(AutoModelForCausalLM, GPTJConfig(
+            vocab_size=VOCAB, n_positions=SEQ, n_embd=128, n_layer=2, n_head=4, rotary_dim=16,
+            bos_token_id=VOCAB - 1, eos_token_id=VOCAB - 1))
+
+    return HFModel("gptj", build, _lm_batch, _loss, lambda: (GPTJBlock,))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -321,6 +393,7 @@ def qwen2_moe() -> HFModel:
 
 MODELS: dict[str, Callable[[], HFModel]] = {
     "llama": llama, "llama_masked": llama_masked, "gpt2": gpt2, "qwen2": qwen2,
+    "gemma2": gemma2, "opt": opt, "falcon": falcon, "olmo2": olmo2, "gptj": gptj,
     "t5": t5, "bart": bart, "whisper": whisper,
     "bert": bert, "roberta": roberta,
     "vit": vit, "swin": swin, "convnext": convnext,
