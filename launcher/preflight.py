@@ -24,7 +24,6 @@ from launcher.estimate.model_config import (
     UnsupportedModelType,
     load_config,
     max_positions,
-    read_config,
     shape_from_params,
 )
 from launcher.estimate.states import model_states
@@ -349,7 +348,7 @@ def _config_recipe(spec: Spec, info: ScriptInfo, environ: dict[str, str],
     def refuse(hint: str) -> UsageError:
         return UsageError(error.message, hint)
 
-    if error.model_type is None:
+    if error.model_type is None or error.config is None:
         raise error
     if environ.get("LAUNCH_NO_TRACE") == "1":
         raise refuse("unset LAUNCH_NO_TRACE to have it traced as transformers builds it, or "
@@ -358,7 +357,7 @@ def _config_recipe(spec: Spec, info: ScriptInfo, environ: dict[str, str],
         raise refuse("install transformers to have it traced as transformers builds it, or "
                      "give --params")
     try:
-        seq_len = spec.seq_len or max_positions(read_config(spec.model_config))  # type: ignore
+        seq_len = spec.seq_len or max_positions(error.config)  # the file load_config read
     except UsageError as exc:  # a malformed size: the file and the field, as the sizer says
         raise UsageError(f"{spec.model_config}: {exc.message}", exc.hint) from None
     if seq_len is None:

@@ -271,11 +271,13 @@ def max_positions(config: dict[str, Any]) -> int | None:
 class UnsupportedModelType(UsageError):
     """A config whose ``model_type`` this module cannot size. Not the end of the road where
     transformers is installed: it builds every architecture it knows, and preflight then traces
-    that model (launcher/preflight.py, ``_config_recipe``)."""
+    that model (launcher/preflight.py, ``_config_recipe``), from ``config``, the file as read."""
 
-    def __init__(self, message: str, hint: str = "", model_type: str | None = None):
+    def __init__(self, message: str, hint: str = "", model_type: str | None = None,
+                 config: dict[str, Any] | None = None):
         super().__init__(message, hint)
         self.model_type = model_type
+        self.config = config
 
 
 def load_config(path: Path, *, seq_len: int | None = None, attention: str | None = None
@@ -287,7 +289,8 @@ def load_config(path: Path, *, seq_len: int | None = None, attention: str | None
     try:
         return shape_from_config(config, seq_len=seq_len, attention=attention)
     except UnsupportedModelType as exc:
-        raise UnsupportedModelType(f"{path}: {exc.message}", exc.hint, exc.model_type) from None
+        raise UnsupportedModelType(f"{path}: {exc.message}", exc.hint, exc.model_type,
+                                   config) from None
     except UsageError as exc:
         raise UsageError(f"{path}: {exc.message}", exc.hint) from None
 
