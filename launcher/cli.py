@@ -11,11 +11,14 @@ drive the real CLI without a subprocess.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
+import signal
 import sys
+import threading
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +36,7 @@ from launcher.options import (
     Option,
     either,
 )
-from launcher.runner import RunInterrupted, Runner, RunResult
+from launcher.runner import Interrupted, RunInterrupted, Runner, RunResult, interrupt_status
 from launcher.status import ExitStatus, LaunchError, UsageError
 
 # -- the command group: `launch SCRIPT` means `launch run SCRIPT` ------------------------------
@@ -78,10 +81,24 @@ def common(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
+class _TableOption(click.Option):
+    """An option of the table: a value of its environment variable that click cannot convert
+    names the variable too (``'--budget' (LAUNCH_BUDGET)``), as ``_origins`` names it after."""
+
+    def get_error_hint(self, ctx: click.Context | None) -> str:
+        from click.core import ParameterSource
+
+        hint = super().get_error_hint(ctx)
+        if (ctx is not None and self.name and self.envvar
+                and ctx.get_parameter_source(self.name) == ParameterSource.ENVIRONMENT):
+            return f"{hint} ({self.envvar})"
+        return hint
+
+
 def _option(option: Option) -> Callable[..., Any]:
     """The click option of one entry of the table in ``launcher.options``."""
     decls = [option.flag, *([option.param_name] if option.param_name else [])]
-    kwargs: dict[str, Any] = {}
+    kwargs: dict[str, Any] = {"cls": _TableOption}
     if option.kind == "bool" and "/" not in option.flag:
         kwargs["is_flag"] = True
     elif "/" in option.flag or option.default is not None:
@@ -262,6 +279,8 @@ def _echo(out: Any, as_json: bool) -> Callable[[str], None]:
 
 def _interrupted(env: Environment, stop: RunInterrupted) -> None:
     done = stop.cancelled
+    if stop.status != ExitStatus.INTERRUPTED:
+        env.stderr.write(f"launch: {signal.Signals(stop.status - 128).name} received\n")
     if done is not None:
         env.stderr.write(f"launch: cancelled run {stop.run_id} (attempt {done.number}: "
                          f"{done.summary.get('message')})\n")
@@ -448,7 +467,37 @@ def _print_json(env: Environment, data: Any) -> None:
 
 
 def main(args: list[str] | None = None, env: Environment | None = None) -> int:
-    """Run the CLI; return the exit status instead of exiting (tests call this in-process)."""
+    """Run the CLI; return the exit status instead of exiting (tests call this in-process).
+    SIGTERM and SIGHUP are interrupts while it runs, as Ctrl-C is (``_interrupts``)."""
+    with _interrupts():
+        return _main(args, env)
+
+
+@contextlib.contextmanager
+def _interrupts() -> Iterator[None]:
+    """SIGTERM and SIGHUP raise :class:`launcher.runner.Interrupted` (a KeyboardInterrupt) in
+    the main thread while the CLI runs: CI cancellation, ``timeout(1)`` and a closed terminal
+    then detach from or (``--cancel-on-interrupt``) cancel the job as Ctrl-C does, with its
+    message, instead of killing `launch` silently with the job left running. The previous
+    handlers come back after (tests run the CLI in-process)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, _frame: object) -> None:
+        raise Interrupted(signum)
+
+    previous = {}
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        previous[sig] = signal.signal(sig, interrupt)
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _main(args: list[str] | None, env: Environment | None) -> int:
     env = env or Environment()
     args = list(sys.argv[1:] if args is None else args)
     debug = "--debug" in args or env.environ.get("LAUNCH_DEBUG") == "1"
@@ -473,8 +522,8 @@ def main(args: list[str] | None = None, env: Environment | None = None) -> int:
     except click.exceptions.Abort:
         env.stderr.write("launch: interrupted\n")
         return ExitStatus.INTERRUPTED
-    except KeyboardInterrupt:
-        return ExitStatus.INTERRUPTED
+    except KeyboardInterrupt as exc:
+        return interrupt_status(exc)
     except click.ClickException as exc:
         _error(env, exc.format_message(), "", ExitStatus.USAGE, as_json, debug)
         return ExitStatus.USAGE

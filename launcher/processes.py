@@ -140,7 +140,10 @@ def start_ticks(pid: int) -> int | None:
 
 
 def alive(pid: int, started: int | None = None) -> bool:
-    """Whether ``pid`` runs (not a zombie) and, given ``started``, is still the same process."""
+    """Whether ``pid`` runs (not a zombie) and, given ``started``, is still the same process.
+    A value that is no valid pid is not alive (``kill(-1, 0)`` would ask about every process)."""
+    if valid_pid(pid) is None:
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -153,13 +156,56 @@ def alive(pid: int, started: int | None = None) -> bool:
         return started is None  # no /proc: trust kill(0)
     if fields[0] in ("Z", "X"):
         return False
-    return started is None or int(fields[19]) == started
+    return started is None or fields[19] == str(started)
+
+
+def pid_max() -> int:
+    """The largest pid this kernel hands out (``/proc/sys/kernel/pid_max``; Linux's ceiling,
+    2**22, where it cannot be read)."""
+    try:
+        return int(Path("/proc/sys/kernel/pid_max").read_text())
+    except (OSError, ValueError):
+        return 1 << 22
+
+
+def valid_pid(value: object) -> int | None:
+    """``value`` as a pid launch may ever signal, or ``None``: an ``int`` (not a bool, not a
+    float: ``1.5`` is no pid) above 1 (0 is the caller's group, 1 is init, -1 is every process
+    it may signal) and within the kernel's range. What a state file says is data, not orders."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        return None
+    return value if 1 < value <= pid_max() else None
+
+
+def owned(pid: int, started: object, token: str, marker: bytes | None = None) -> bool:
+    """Whether ``pid`` is provably a process launch started: alive, started at clock tick
+    ``started`` (so a reused pid is not it), and carrying the job ``token`` in its environment
+    (or, with ``marker``, naming it in its command line: runners started before the token was
+    given to them). Anything that cannot be read (another user's process, no /proc) is not
+    proven, and a process that is not proven is never signalled."""
+    pid_ok = valid_pid(pid)
+    if pid_ok is None or isinstance(started, bool) or not isinstance(started, int):
+        return False
+    if not alive(pid_ok, started):
+        return False
+    proc = Path(f"/proc/{pid_ok}")
+    try:
+        if f"{TOKEN_VAR}={token}".encode() in (proc / "environ").read_bytes().split(b"\0"):
+            return True
+        return marker is not None and marker in (proc / "cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
 
 
 def signal_all(pids: Iterable[int], sig: int) -> None:
+    """Signal each pid; one that is not a valid pid (``valid_pid``) is skipped, never sent
+    (``os.kill(0, ...)`` or ``-1`` would reach a whole group or every process)."""
     for pid in pids:
+        checked = valid_pid(pid)
+        if checked is None:
+            continue
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, sig)
+            os.kill(checked, sig)
 
 
 def kill_tagged(token: str, timeout_s: float = 5.0) -> list[int]:
@@ -179,3 +225,4 @@ def _proc_entries() -> list[Path]:
         return [e for e in Path("/proc").iterdir() if e.name.isdigit()]
     except OSError:
         return []
+

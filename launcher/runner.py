@@ -66,6 +66,10 @@ class PlannedRun:
     result: PlanResult
     provider: Provider | None
     request: dict[str, Any] | None = None
+    #: Every setting the run was planned with, wherever it came from (flags, environment,
+    #: the config file's provider settings that are no option, ``s3_prefix``): recorded in the
+    #: run, so `status`, `cancel` and `attach` rebuild the provider exactly as it was.
+    settings: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """The `launch plan --json` contract."""
@@ -97,15 +101,36 @@ class RunResult:
                 "summary": self.summary, "attempts": [asdict(a) for a in self.attempts]}
 
 
-class RunInterrupted(KeyboardInterrupt):
-    """Ctrl-C while ``run`` followed its job: the job was left running (``cancelled`` is
-    ``None``) or, with ``cancel_on_interrupt``, stopped (``cancelled``: its attempt as
-    recorded). A KeyboardInterrupt still, so whatever handles Ctrl-C handles it."""
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM or SIGHUP (what CI cancellation, ``timeout(1)`` and a closed terminal send),
+    raised in the main thread as Ctrl-C is: one path for every interrupt, so each detaches or
+    (``--cancel-on-interrupt``) cancels the same way. ``status``: 128 + the signal."""
 
-    def __init__(self, run_id: str, cancelled: Attempt | None):
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+    @property
+    def status(self) -> int:
+        return 128 + self.signum
+
+
+def interrupt_status(exc: BaseException) -> int:
+    """The exit status of an interrupt: 130 for Ctrl-C, 143 for SIGTERM, 129 for SIGHUP."""
+    return int(getattr(exc, "status", ExitStatus.INTERRUPTED))
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """An interrupt (Ctrl-C, SIGTERM, SIGHUP) while ``run`` followed its job: the job was left
+    running (``cancelled`` is ``None``) or, with ``cancel_on_interrupt``, stopped
+    (``cancelled``: its attempt as recorded). A KeyboardInterrupt still, so whatever handles
+    Ctrl-C handles it."""
+
+    def __init__(self, run_id: str, cancelled: Attempt | None, status: int = 130):
         super().__init__(run_id)
         self.run_id = run_id
         self.cancelled = cancelled
+        self.status = status
 
 
 @dataclass
@@ -206,7 +231,8 @@ class Runner:
         provider_error = None
         if not (dry_run and name in PLANNED and name not in REGISTRY):
             try:
-                provider = get_provider(name, {**options, "python": env.python}, env.environ)
+                provider = get_provider(name, {**options, "python": env.python,
+                                               "state_dir": env.state_dir}, env.environ)
             except LaunchError as exc:
                 # A dry run still plans (the catalogs need no account); only the request is
                 # lost. Not past a malformed value (a region that is no region): that is the
@@ -232,7 +258,7 @@ class Runner:
             result = preflight(spec, info, env.state_dir, env.environ)
         if provider_error:
             result.notes.append(f"no {name} request: {provider_error}")
-        return PlannedRun(spec, info, result, provider)
+        return PlannedRun(spec, info, result, provider, settings=_recordable(options))
 
     def _prestart_trace(self, options: Mapping[str, Any]) -> bool:
         """Start the estimator's trace child now if the plan will trace the recipe, so that its
@@ -256,14 +282,12 @@ class Runner:
 
     def _write_report(self, planned: PlannedRun, report: Path) -> None:
         from launcher.report import plan_html
-        from launcher.runs import atomic_write
+        from launcher.userfiles import write_through
 
         spec = planned.spec
         path = report if report.is_absolute() else self.env.cwd / report
-        try:
-            atomic_write(path, plan_html(planned.result, f"{spec.script.name} on {spec.provider}"))
-        except OSError as exc:
-            raise UsageError(f"cannot write {path}: {exc.strerror}") from None
+        write_through(path, plan_html(planned.result, f"{spec.script.name} on {spec.provider}"),
+                      "report")
 
     def _dry_request(self, planned: PlannedRun) -> dict[str, Any] | None:
         """The exact request a cloud provider would send for the chosen plan (torchx's dry run).
@@ -318,15 +342,16 @@ class Runner:
                 pass
         run = Run.create(self.env.state_dir, run_stem(spec.script),
                          {"script": str(spec.script), "provider": spec.provider,
-                          "spec": recorded, "plan": result.to_dict()})
+                          "spec": recorded, "settings": planned.settings,
+                          "plan": result.to_dict()})
         on_note(f"run {run.id} (state in {run.path})")
         supervisor = Supervisor(provider, run, on_line=on_line, on_note=on_note,
                                 replan=self._replanner(spec, info))
         try:
             outcome = supervisor.launch(spec, result.chosen)
         except KeyboardInterrupt as exc:
-            raise RunInterrupted(run.id, self._interrupted(provider, run, cancel_on_interrupt)
-                                 ) from exc
+            raise RunInterrupted(run.id, self._interrupted(provider, run, cancel_on_interrupt),
+                                 interrupt_status(exc)) from exc
         return RunResult(run, outcome.status, run.attempts(), outcome.message)
 
     def _replanner(self, spec: Spec, info: ScriptInfo) -> Callable[..., Any]:
@@ -366,8 +391,11 @@ class Runner:
         from launcher.supervisor import adopt_unrecorded
 
         run = Run.open(self.env.state_dir, run_id)
-        settings = {**run.info.get("spec", {}), "python": self.env.python}
-        provider = get_provider(run.info["provider"], settings, self.env.environ)
+        info = run.info
+        recorded = info.get("settings") if isinstance(info.get("settings"), dict) else {}
+        settings = {**recorded, **info.get("spec", {}), "python": self.env.python,
+                    "state_dir": self.env.state_dir}
+        provider = get_provider(info["provider"], settings, self.env.environ)
         return run, provider, adopt_unrecorded(run, provider)
 
     def status(self, run_id: str | None = None) -> RunStatus:
@@ -475,6 +503,20 @@ def _log_lines(provider: Provider, job_id: str, follow: bool) -> Iterator[str]:
             break
         if not lines:
             time.sleep(0.2)
+
+
+def _recordable(options: Mapping[str, Any]) -> dict[str, Any]:
+    """The options worth recording in a run (plain values; paths as text; never the script,
+    which the run records on its own). No credential is an option, so none is recorded."""
+    kept: dict[str, Any] = {}
+    for key, value in options.items():
+        if key == "script" or value is None:
+            continue
+        if isinstance(value, Path):
+            value = str(value)
+        if isinstance(value, (str, int, float, bool)):
+            kept[key] = value
+    return kept
 
 
 def run_stem(script: Path) -> str:

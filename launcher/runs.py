@@ -19,6 +19,7 @@ import contextlib
 import enum
 import fcntl
 import json
+import math
 import os
 import secrets
 import tempfile
@@ -27,22 +28,68 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
+from launcher import faults
 from launcher.status import JobState, UsageError
 
 T = TypeVar("T")
 
 
+class StateWriteError(UsageError, OSError):
+    """A state file that could not be written: a full disk, a read-only or vanished folder.
+    Exit 2 naming the folder, never an internal error; an ``OSError`` still, so code that
+    tolerates a failed write (the calibration store) keeps tolerating it."""
+
+    def __init__(self, path: Path, exc: OSError):
+        why = exc.strerror or str(exc)
+        UsageError.__init__(self, f"cannot write the state folder {path.parent}: {why}",
+                            "free space or make it writable (or set LAUNCH_STATE_DIR to "
+                            "another folder); a job already started goes on: `launch attach` "
+                            "it once the folder can be written, and its record is corrected")
+        self.errno = exc.errno
+        self.strerror = exc.strerror
+
+
 def atomic_write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    """Replace ``path`` with ``text`` atomically (temporary file, fsync, rename)."""
+    tmp: str | None = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        faults.point("state.write", path)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
+    except OSError as exc:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+        if isinstance(exc, StateWriteError):
+            raise
+        raise StateWriteError(path, exc) from None
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+        raise
+
+
+def write_json_at(folder: int, name: str, data: Any) -> None:
+    """:func:`write_json` into the folder open as descriptor ``folder``: the write lands in that
+    folder wherever it has been moved to, and never recreates a path that went away (the local
+    runner writes its records this way)."""
+    tmp = f".{name}.{secrets.token_hex(4)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600, dir_fd=folder)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(json.dumps(data, indent=2, sort_keys=True) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, name, src_dir_fd=folder, dst_dir_fd=folder)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=folder)
         raise
 
 
@@ -114,10 +161,28 @@ class Attempt:
             attempt = cls(**{k: v for k, v in data.items() if k in names})
         except ValueError as exc:  # a state or outcome launch never writes
             raise TypeError(str(exc)) from None
-        if not isinstance(attempt.number, int) or not isinstance(attempt.plan, dict) or not (
-                attempt.job_id is None or isinstance(attempt.job_id, str)):
-            raise TypeError("an attempt needs an integer number, a plan and a job id")
+        for name, kinds in _ATTEMPT_TYPES.items():
+            value = getattr(attempt, name)
+            if isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds):
+                raise TypeError(f"{name} is {type(value).__name__}, not "
+                                f"{' or '.join(k.__name__ for k in kinds)}")
+        if attempt.number < 1:
+            raise TypeError(f"attempt number {attempt.number}")
+        for name in ("started_at", "ended_at", "cost_usd"):
+            value = getattr(attempt, name)
+            if value is not None and not math.isfinite(value):
+                raise TypeError(f"{name} is not a finite number")
         return attempt
+
+
+#: The type of each field of an attempt as launch writes it: a record that says otherwise was
+#: not written by launch (a hand, a tool, a disk), and is refused as corrupt, not acted on.
+_ATTEMPT_TYPES: dict[str, tuple[type, ...]] = {
+    "number": (int,), "plan": (dict,), "change": (str,), "job_id": (str, type(None)),
+    "diagnosis": (dict, type(None)), "started_at": (int, float), "ended_at": (int, float,
+    type(None)), "exit_code": (int, type(None)), "summary": (dict,),
+    "cost_usd": (int, float, type(None)),
+}
 
 
 class Run:
@@ -155,11 +220,18 @@ class Run:
     def open(cls, state_dir: Path, run_id: str | None) -> Run:
         """Open a run by id, unique id prefix, or (``None``/``last``) the newest one."""
         runs = state_dir / "runs"
-        found = sorted(p for p in runs.iterdir() if p.is_dir()) if runs.is_dir() else []
+        try:
+            found = sorted(p for p in runs.iterdir() if p.is_dir() and p.name != "dry-run"
+                           ) if runs.is_dir() else []
+        except OSError as exc:
+            raise UsageError(f"cannot read the state folder {runs}: {exc.strerror}",
+                             "set LAUNCH_STATE_DIR to the folder launch wrote") from None
         if not found:
             raise UsageError(f"no runs under {runs}", "start one with `launch SCRIPT`")
         if run_id in (None, "last"):
-            return cls(max(found, key=lambda p: p.stat().st_mtime))
+            return cls(max(found, key=_created))
+        if not run_id.strip():
+            raise UsageError("an empty run id names no run", "see `launch status` for run ids")
         matches = [p for p in found if p.name == run_id] or [
             p for p in found if p.name.startswith(run_id)]
         if len(matches) != 1:
@@ -184,11 +256,15 @@ class Run:
         return self.path / f"attempt-{number}"
 
     def attempts(self) -> list[Attempt]:
+        """The recorded attempts. An attempt folder whose job was handed to a provider
+        (``request.json``) but that no line records means the record was emptied or cut: a
+        corrupt state, never "no attempts" (that would let `cancel` say "nothing running"
+        beside a live job)."""
         path = self.path / "attempts.jsonl"
         try:
             text = path.read_text(encoding="utf-8")
         except FileNotFoundError:
-            return []
+            text = ""
         except (OSError, UnicodeDecodeError) as exc:
             raise corrupt(path, str(getattr(exc, "strerror", None) or exc)) from None
         found = []
@@ -197,9 +273,21 @@ class Run:
                 continue
             try:
                 found.append(Attempt.from_dict(json.loads(line)))
-            except (json.JSONDecodeError, TypeError, AttributeError) as exc:
+            except (json.JSONDecodeError, TypeError, AttributeError, RecursionError) as exc:
                 raise corrupt(path, f"line {number}: {exc}") from None
+        recorded = {a.number for a in found}
+        for folder in self._submitted():
+            if int(folder.name.removeprefix("attempt-")) not in recorded:
+                raise corrupt(path, f"{folder.name} was submitted but no line records it")
         return found
+
+    def _submitted(self) -> list[Path]:
+        """Attempt folders holding a request handed to a provider."""
+        try:
+            return [p for p in self.path.glob("attempt-*") if p.name[8:].isdigit()
+                    and (p / "request.json").exists()]
+        except OSError:
+            return []
 
     def save_attempt(self, attempt: Attempt) -> None:
         """Insert or replace the attempt's line; the whole file is replaced atomically, under an
@@ -225,12 +313,39 @@ class Run:
 
     @contextlib.contextmanager
     def _locked(self) -> Any:
-        fd = os.open(self.path / ".attempts.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        """The run's write lock. Under it, temporary files of ``attempts.jsonl`` are leftovers
+        of a writer killed mid-write (every writer holds the lock) and are removed."""
+        lock = self.path / ".attempts.lock"
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise StateWriteError(lock, exc) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
+            for stale in self.path.glob(".attempts.jsonl.*.tmp"):
+                with contextlib.suppress(OSError):
+                    stale.unlink()
             yield
         finally:
             os.close(fd)
+
+
+def _created(path: Path) -> float:
+    """When a run was created, as its own record says (``run.json``), not the folder's mtime: a
+    clock that jumped, a `touch` or a copy must not make an old run the newest. A run without a
+    readable record sorts first (oldest); its id's timestamp is the next witness."""
+    try:
+        value = json.loads((path / "run.json").read_text(encoding="utf-8")).get("created_at")
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(
+                value):
+            return float(value)
+    except (OSError, ValueError, AttributeError, RecursionError):
+        pass
+    stamp = path.name.rsplit("-", 3)[-3:-1]  # <stem>-YYYYmmdd-HHMMSS-<hex>
+    try:
+        return time.mktime(time.strptime("".join(stamp), "%Y%m%d%H%M%S"))
+    except ValueError:
+        return float("-inf")
 
 
 def _slug(text: str) -> str:

@@ -22,8 +22,12 @@ class ExitStatus(enum.IntEnum):
     OUT_OF_MEMORY = 5
     #: The cloud provider refused or could not be reached, or credentials are missing.
     PROVIDER_ERROR = 6
+    #: SIGHUP (128 + 1): the terminal closed; handled as Ctrl-C.
+    HANGUP = 129
     #: Ctrl-C (128 + SIGINT).
     INTERRUPTED = 130
+    #: SIGTERM (128 + 15): CI cancellation, ``timeout(1)``; handled as Ctrl-C.
+    TERMINATED = 143
 
 
 class JobState(enum.StrEnum):

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from launcher import faults
 from launcher.events import OomEvent, parse_event
 from launcher.plan.plan import Plan
 from launcher.providers.base import Job, JobState, Provider
@@ -179,6 +180,7 @@ class Supervisor:
                                   f"change of micro-batch or checkpointing is left to try; "
                                   f"{diagnosis.get('advice', '')}".rstrip("; "))
             plan, change = fixed
+            faults.point("replan.chosen")
             spent = sum(a.cost_usd or 0.0 for a in attempts)
             if spec.budget is not None and spent + (plan.total_cost_usd or 0.0) > spec.budget:
                 return RunOutcome(self.run, ExitStatus.OVER_BUDGET, attempts,
@@ -197,6 +199,7 @@ class Supervisor:
         attempt = Attempt(number=job.attempt, plan=job.plan.to_dict(), change=change,
                           state=JobState.SUBMITTING, cost_usd=cost_usd)
         self.run.save_attempt(attempt)
+        faults.point("submit.recorded")
         try:
             attempt.job_id = self.provider.schedule(request)
         except Exception as exc:  # refused; an interrupt leaves "submitting", for ``adopt``
@@ -207,6 +210,7 @@ class Supervisor:
             raise
         attempt.state = JobState.RUNNING
         self.run.save_attempt(attempt)
+        faults.point("submit.running")
         return attempt
 
     def follow(self, attempt: Attempt) -> Progress:
@@ -279,6 +283,7 @@ class Supervisor:
                 break
             if not lines:
                 time.sleep(self.poll_interval_s)
+        faults.point("follow.ended")
         attempt.state = status.state
         attempt.exit_code = status.exit_code
         attempt.ended_at = time.time()

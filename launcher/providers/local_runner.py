@@ -19,9 +19,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from launcher import processes
-from launcher.runs import write_json
+from launcher.runs import write_json_at
 from launcher.status import JobState
 
 #: Seconds between SIGTERM and SIGKILL when a job is stopped. Short on purpose: a job is stopped
@@ -30,8 +31,20 @@ from launcher.status import JobState
 GRACE_S = 1.0
 
 
+#: Seconds between tries to record how the job ended when the folder cannot be written (a full
+#: disk): the runner stays, so the job reads as running until the record can be written.
+RECORD_RETRY_S = 5.0
+RECORD_PATIENCE_S = 24 * 3600.0
+
+
 def main(job_dir: Path) -> int:
-    request = json.loads((job_dir / "request.json").read_text())
+    # The folder is held open: what the runner writes lands in it wherever it is moved to, and
+    # a folder that was deleted is seen (no links left) instead of recreated.
+    folder = os.open(job_dir, os.O_RDONLY | os.O_DIRECTORY)
+    with open(os.open("request.json", os.O_RDONLY, dir_fd=folder), encoding="utf-8") as handle:
+        request = json.load(handle)
+    # Recorded before anything of the job runs: launch may have been killed before it could.
+    write_json_at(folder, "runner.json", runner_record(os.getpid()))
     env = {**os.environ, **request["env"]}
     token = request["env"].get(processes.TOKEN_VAR)
     limit = request.get("memory_limit_bytes")
@@ -39,6 +52,7 @@ def main(job_dir: Path) -> int:
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     processes.become_subreaper()
     stopping: dict[str, float | None] = {"at": None}
+    vanished = False
 
     fd = os.open(request["log_file"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     with open(fd, "ab", buffering=0) as log:
@@ -61,6 +75,9 @@ def main(job_dir: Path) -> int:
                 returncode = proc.wait(timeout=0.2)
                 break
             except subprocess.TimeoutExpired:
+                if not vanished and _gone(folder):
+                    vanished = True  # nobody can follow or stop it any more: stop it now
+                    stop(signal.SIGTERM, None)
                 since = stopping["at"]
                 if since is not None and time.monotonic() - since > GRACE_S:
                     processes.signal_all(everyone(), signal.SIGKILL)
@@ -69,6 +86,8 @@ def main(job_dir: Path) -> int:
         left = processes.kill_tagged(token) if token else []
         _reap()
 
+    if vanished:
+        return 0  # no folder to record in
     if stopping["at"] is not None:
         state, message = JobState.CANCELLED, "stopped on request"
     elif returncode == 0:
@@ -80,9 +99,39 @@ def main(job_dir: Path) -> int:
         state, message = JobState.FAILED, f"torchrun exited with status {returncode}"
     if left:
         message += f"; processes {left} could not be stopped"
-    write_json(job_dir / "exit.json", {"state": state, "returncode": returncode,
-                                        "message": message, "ended_at": time.time()})
+    _record(folder, {"state": state, "returncode": returncode, "message": message,
+                     "ended_at": time.time()})
     return 0
+
+
+def runner_record(pid: int) -> dict[str, Any]:
+    """What ``runner.json`` holds: the pid and its start time, which together name one process
+    even after the pid is reused."""
+    return {"pid": pid, "started_at": time.time(), "start_ticks": processes.start_ticks(pid)}
+
+
+def _gone(folder: int) -> bool:
+    """Whether the job's folder was deleted (an open folder with no links left)."""
+    try:
+        return os.fstat(folder).st_nlink == 0
+    except OSError:
+        return True
+
+
+def _record(folder: int, data: dict[str, object]) -> None:
+    """Write ``exit.json``; while the disk is full (or the folder read-only), keep trying: the
+    job reads as running until its end can be recorded, never as a runner that died."""
+    deadline = time.monotonic() + RECORD_PATIENCE_S
+    while True:
+        try:
+            write_json_at(folder, "exit.json", data)
+            return
+        except OSError as exc:
+            if _gone(folder) or time.monotonic() > deadline:
+                raise
+            print(f"cannot record the job's end yet ({exc.strerror}); retrying", file=sys.stderr,
+                  flush=True)
+            time.sleep(RECORD_RETRY_S)
 
 
 def _reap() -> None:
