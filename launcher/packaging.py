@@ -28,10 +28,13 @@ Selected: every regular file under the folder, except
 
 Every file selected is then read once: hashed (the archive's name comes from it) and scanned, in
 its first :data:`SCAN_LIMIT` bytes, for the shapes of live secrets (:data:`SECRET_SHAPES`: AWS
-access key ids and secret keys, private keys, Google Cloud service-account keys, GitHub, Slack,
-Hugging Face, OpenAI and Google API tokens). One found is a refusal (:class:`SecretFound`, exit 2,
-`launch plan` included) naming the file, the line and the kind of secret, before anything is
-sent. More than :data:`MAX_UPLOAD_BYTES` selected is refused too: the folder is copied to every
+access key ids, private keys, Google Cloud service-account keys, GitHub, Slack, Hugging Face,
+OpenAI and Google API tokens, wherever they are; AWS secret keys and session tokens, W&B API keys
+and classic GitHub tokens where a literal of their shape is given to their name, however Python, a
+notebook or a config gives it: :data:`GIVEN`). A file with more than one link is also scanned for
+the shape of a credentials file (:func:`shapes_for`). One found is a refusal (:class:`SecretFound`,
+exit 2, `launch plan` included) naming the file, the line and the kind of secret, before anything
+is sent. More than :data:`MAX_UPLOAD_BYTES` selected is refused too: the folder is copied to every
 node, and data belongs in the bucket.
 
 Reading only: this runs inside the providers' dry runs, which must have no side effects.
@@ -109,7 +112,9 @@ class SecretShape:
     """One kind of secret: expressions that each start with a literal (so that the regular
     expression engine's fast literal search skips the bytes between candidates), whether a match
     may follow a letter, digit, ``_`` or ``-`` (``bounded`` says it may not), whether they are
-    searched in the lower-cased bytes, and an expression that must match the same bytes too."""
+    searched in the lower-cased bytes, and an expression that must match the same bytes too.
+    Each expression is one pass over the bytes, whatever its alternatives after the first
+    literal: kinds that start alike share one (``A[KS]IA``, ``g(?:h|ithub)``)."""
 
     kind: str
     patterns: tuple[re.Pattern[bytes], ...]
@@ -117,9 +122,9 @@ class SecretShape:
     lower: bool = False
     also: re.Pattern[bytes] | None = None
 
-    def search(self, data: bytes) -> int | None:
-        """Where the first match starts, or None."""
-        text = data.lower() if self.lower else data
+    def search(self, data: bytes, lowered: bytes | None = None) -> int | None:
+        """Where the first match starts, or None (``lowered``: ``data.lower()``, if at hand)."""
+        text = (data.lower() if lowered is None else lowered) if self.lower else data
         first = None
         for pattern in self.patterns:
             for match in pattern.finditer(text):
@@ -137,23 +142,54 @@ def _shape(kind: str, *patterns: bytes, **options: Any) -> SecretShape:
     return SecretShape(kind, tuple(re.compile(p) for p in patterns), **options)
 
 
+#: How code and configs give a value to a name, in lower-cased bytes, between the name and the
+#: value: ``NAME = value``, ``NAME: value``, ``"NAME": "value"``, ``update(NAME="value")``,
+#: ``environ["NAME"] = "value"``, ``setdefault("NAME", "value")``, ``putenv("NAME", "value")``.
+#: A quote may be escaped (``\"``), as it is in a notebook's JSON source lines; after ``]`` or
+#: ``,`` the value must be quoted (a literal, not a variable or an argument).
+GIVEN = (rb"""(?:(?:\\?["'])?\s*[:=]\s*(?:\\?["'])?"""
+         rb"""|\\?["']\s*(?:\]\s*=|,)\s*\\?["'])""")
+
+
+def _named(kind: str, names: tuple[bytes, ...], value: bytes) -> SecretShape:
+    """A secret known by the name it is given: one expression per name, each the name (starting
+    with a literal), :data:`GIVEN`, and a value of the secret's own shape. The shape is what
+    tells a live value from a mention: a read (``environ["NAME"]``), another variable, ``""``,
+    ``xxx``, ``<your key>``, ``${NAME}`` or ``changeme`` is not of it."""
+    return _shape(kind, *(name + GIVEN + b"(?:" + value + b")" for name in names), lower=True)
+
+
 #: The shapes of live secrets; the expressions are written so that this file matches none.
 SECRET_SHAPES: tuple[SecretShape, ...] = (
     _shape("a Google Cloud service-account key", rb'"private_key"\s*:', bounded=False,
            also=re.compile(rb'"type"\s*:\s*"service_account"')),
     _shape("a private key", rb"-----BEGIN[A-Z0-9 ]{0,40}PRIVATE KEY(?: BLOCK)?-----",
            bounded=False),
-    _shape("an AWS access key id", rb"AKIA[A-Z0-9]{16}(?![A-Za-z0-9])",
-           rb"ASIA[A-Z0-9]{16}(?![A-Za-z0-9])"),
-    _shape("an AWS secret access key",
-           rb"aws_?secret_?access_?key[\"']?\s*[:=]\s*[\"']?[a-z0-9/+]{40}(?![a-z0-9/+])",
-           lower=True),
-    _shape("a GitHub token", rb"gh[pousr]_[A-Za-z0-9]{36}(?![A-Za-z0-9_])",
-           rb"github_pat_[A-Za-z0-9_]{22,}"),
+    _shape("an AWS access key id", rb"A[KS]IA[A-Z0-9]{16}(?![A-Za-z0-9])"),
+    _named("an AWS secret access key", (rb"aws_?secret_?access_?key",),
+           rb"[a-z0-9/+]{40}(?![a-z0-9/+])"),
+    _named("an AWS session token", (rb"aws_?se(?:ssion|curity)_?token",), rb"[a-z0-9/+]{100}"),
+    _named("a Weights & Biases API key", (rb"wandb_?api_?key",),
+           rb"(?:[a-z0-9_]{1,40}-)?[0-9a-f]{40}(?![a-z0-9_-])|wandb_v1_[a-z0-9_]{20}"),
+    _named("a GitHub token", (rb"g(?:ithub|h)_?token",), rb"[0-9a-f]{40}(?![a-z0-9_-])"),
+    _shape("a GitHub token",
+           rb"g(?:h[pousr]_[A-Za-z0-9]{36}(?![A-Za-z0-9_])|ithub_pat_[A-Za-z0-9_]{22,})"),
     _shape("a Slack token", rb"xox[abposr]-[A-Za-z0-9]{4,}-[A-Za-z0-9-]{6,}"),
     _shape("a Hugging Face token", rb"hf_[A-Za-z]{34}(?![A-Za-z0-9_])"),
     _shape("an OpenAI API key", rb"sk-[A-Za-z0-9_-]{16,160}T3BlbkFJ[A-Za-z0-9_-]{16,}"),
     _shape("a Google API key", rb"AIza[0-9A-Za-z_-]{35}(?![A-Za-z0-9_-])"),
+)
+#: The shapes of the credentials files the cloud tools write: an AWS profile with its secret key
+#: (``[default]`` and ``aws_secret_access_key``), a Google Cloud service-account key or
+#: application-default login (``"private_key"`` or ``"refresh_token"``, with the client's
+#: ``"client_email"`` or ``"client_secret"``). Looked for in files with more than one link only
+#: (:func:`shapes_for`).
+CREDENTIAL_FILE_SHAPES: tuple[SecretShape, ...] = (
+    _shape("a hard link to an AWS credentials file", rb"aws_?secret_?access_?key[ \t]*=",
+           lower=True, also=re.compile(rb"(?m)^[ \t]*\[[^\]\n]+\]")),
+    _shape("a hard link to a Google Cloud credentials file",
+           rb'"private_key"\s*:', rb'"refresh_token"\s*:', bounded=False,
+           also=re.compile(rb'"client_(?:email|secret)"\s*:')),
 )
 #: Files are read in blocks of this size; consecutive blocks are scanned with this much overlap,
 #: so a secret that straddles two blocks is still whole in one window.
@@ -195,17 +231,38 @@ class SecretFound(BadValue):
         self.findings = findings
 
 
-def scan_bytes(data: bytes, line_offset: int = 0) -> tuple[int, str] | None:
-    """The first secret shape in ``data``: (1-based line, kind), or None."""
-    for shape in SECRET_SHAPES:
-        start = shape.search(data)
+def shapes_for(links: int) -> tuple[SecretShape, ...]:
+    """What a file with ``links`` links (its ``st_nlink``) is scanned for: :data:`SECRET_SHAPES`,
+    and :data:`CREDENTIAL_FILE_SHAPES` too when it has more than one.
+
+    A hard link is the file itself under another name, indistinguishable from its target: unlike
+    a symlink it has no target path to check against the folder, so a hard link to
+    ``~/.aws/credentials`` named ``notes.txt`` passes every rule that goes by names and paths.
+    Its link count is the one trace it leaves, so a file with more than one link is refused when
+    it has a credentials file's shape, even one holding no secret shape (the keys of an
+    S3-compatible store, gcloud's application-default login). A file with one link is not:
+    a credentials file's shape alone (an example in the docs, a test's fixture) is no secret.
+    The name half needs nothing more: a file named like a credentials file
+    (:data:`CREDENTIAL_PATTERNS`) is left out whatever its link count."""
+    return SECRET_SHAPES + CREDENTIAL_FILE_SHAPES if links > 1 else SECRET_SHAPES
+
+
+def scan_bytes(data: bytes, line_offset: int = 0,
+               shapes: tuple[SecretShape, ...] = SECRET_SHAPES) -> tuple[int, str] | None:
+    """The first of ``shapes`` in ``data``: (1-based line, kind), or None."""
+    lowered = None   # lower-cased once, for every shape that searches it
+    for shape in shapes:
+        if shape.lower and lowered is None:
+            lowered = data.lower()
+        start = shape.search(data, lowered)
         if start is not None:
             return line_offset + data.count(b"\n", 0, start) + 1, shape.kind
     return None
 
 
-def _hash_and_scan(path: Path) -> tuple[str, int, tuple[int, str] | None]:
-    """Read ``path`` once: its SHA-256, its size, and the first secret shape in it."""
+def _hash_and_scan(path: Path, shapes: tuple[SecretShape, ...] = SECRET_SHAPES,
+                   ) -> tuple[str, int, tuple[int, str] | None]:
+    """Read ``path`` once: its SHA-256, its size, and the first of ``shapes`` in it."""
     digest = hashlib.sha256()
     size = 0
     finding = None
@@ -218,7 +275,7 @@ def _hash_and_scan(path: Path) -> tuple[str, int, tuple[int, str] | None]:
             size += len(block)
             if scanning:
                 window = tail + block
-                finding = scan_bytes(window, lines_before)
+                finding = scan_bytes(window, lines_before, shapes)
                 tail = window[-SCAN_OVERLAP:]
                 lines_before += window.count(b"\n") - tail.count(b"\n")
     return digest.hexdigest(), size, finding
@@ -418,6 +475,7 @@ def select(code_dir: Path, *, environ: Mapping[str, str] | None = None,
         raise UsageError(f"the code folder {code_dir} is not a folder")
     rule = _Rule(root, environ, skip)
     chosen: list[tuple[str, Path, int, bool]] = []   # name, path, size, executable
+    links: dict[str, int] = {}                        # name -> the file's link count
     skipped: list[Skipped] = []
 
     def visit(folder: Path, rel_folder: str) -> None:
@@ -444,6 +502,7 @@ def select(code_dir: Path, *, environ: Mapping[str, str] | None = None,
                         info = entry.stat(follow_symlinks=False)
                         chosen.append((rel, Path(entry.path), info.st_size,
                                        bool(info.st_mode & stat.S_IXUSR)))
+                        links[rel] = info.st_nlink
                     else:
                         skipped.append(Skipped(rel, why))
                 else:
@@ -471,6 +530,7 @@ def select(code_dir: Path, *, environ: Mapping[str, str] | None = None,
         else:
             info = target.stat()
             chosen.append((rel, target, info.st_size, bool(info.st_mode & stat.S_IXUSR)))
+            links[rel] = info.st_nlink
 
     visit(root, "")
     names = {name for name, _path, _size, _x in chosen}
@@ -495,7 +555,7 @@ def select(code_dir: Path, *, environ: Mapping[str, str] | None = None,
     findings: list[Finding] = []
     for name, path, _size, executable in chosen:
         try:
-            digest, size, found = _hash_and_scan(path)
+            digest, size, found = _hash_and_scan(path, shapes_for(links[name]))
         except OSError as exc:
             skipped.append(Skipped(name, f"unreadable ({exc.strerror})"))
             continue

@@ -28,6 +28,19 @@ GOOGLE_API = "AI" + "za" + "SyA1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q"
 SERVICE_ACCOUNT = json.dumps({"type": "service" + "_account", "project_id": "p",
                               "private" + "_key": "-----BEGIN " + "PRIVATE KEY-----\\n...",
                               "client_email": "a@p.iam.gserviceaccount.com"})
+OPENAI = "sk-proj-" + "x1" * 12 + "T3Blbk" + "FJ" + "y2" * 12
+#: Secrets known by the name they are given to, not by a shape of their own.
+AWS_SESSION = "IQoJb3JpZ2luX2Vj" + "EJr//////////wEaCXVzLWVhc3QtMSJHMEUCIQD" * 4
+WANDB = "9f3c" + "0a1b2c3d4e" * 3 + "5f6a7b"
+GITHUB_CLASSIC = "e72e" + "16c7e42f29" * 3 + "2c6912"
+#: Credentials files that hold no secret shape: a profile for an S3-compatible store (Cloudflare
+#: R2: 32- and 64-character keys), and gcloud's application-default login.
+AWS_PROFILE = ("[r2]\nregion = auto\naws_access_key_id = " + "3f9a" * 8
+               + "\naws_secret_access_key = " + "7d1e" * 16 + "\n")
+USER_ADC = json.dumps({"client_id": "1234567890-abc.apps.googleusercontent.com",
+                       "client_secret": "GOCSPX" + "-q1W2e3R4t5Y6u7I8o9P0a1S2d3F4",
+                       "refresh" + "_token": "1//0g" + "Xy7-" * 20,
+                       "type": "authorized" + "_user"}, indent=2)
 
 
 def write(root: Path, name: str, text: str = "x\n", mode: int | None = None) -> Path:
@@ -254,7 +267,7 @@ def test_a_code_folder_reached_through_a_link_is_its_target(code, tmp_path):
     (f"SLACK = '{SLACK}'\n", "a Slack token"),
     (f"login(token='{HUGGING_FACE}')\n", "a Hugging Face token"),
     (f"key = '{GOOGLE_API}'\n", "a Google API key"),
-    (f"openai.api_key = 'sk-proj-{'x1' * 12}T3Blbk" + f"FJ{'y2' * 12}'\n", "an OpenAI API key"),
+    (f"openai.api_key = '{OPENAI}'\n", "an OpenAI API key"),
 ])
 def test_a_secret_in_a_file_to_upload_is_a_one_line_refusal(code, text, kind):
     write(code, "configs/prod.yaml", "# settings\n\n" + text)
@@ -274,10 +287,103 @@ def test_a_secret_in_a_file_to_upload_is_a_one_line_refusal(code, text, kind):
     '{"type": "service_account", "client_email": "a@p.iam.gserviceaccount.com"}\n',
     "# a key file starts with -----BEGIN ... PRIVATE KEY-----\n",
     "gh_token = os.environ['GITHUB_TOKEN']\n",
+    # given to the environment, but not as a literal of the secret's shape
+    "os.environ.get('AWS_SECRET_ACCESS_KEY')\n",
+    'os.environ["AWS_SECRET_ACCESS_KEY"] = secret_access_key\n',
+    'os.environ["AWS_SECRET_ACCESS_KEY"] = args.aws_secret_access_key_for_the_training_run\n',
+    'os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "")\n',
+    'os.environ["WANDB_API_KEY"] = "xxx"\n',
+    'os.putenv("GITHUB_TOKEN", "<your key>")\n',
+    'os.environ.update(AWS_SESSION_TOKEN="${AWS_SESSION_TOKEN}")\n',
+    'environ["HF_TOKEN"] = "changeme"\n',
+    'environ["OPENAI_API_KEY"] = os.environ.get("OPENAI_API_KEY", "")\n',
+    json.dumps({"source": ['os.environ["AWS_SECRET_ACCESS_KEY"] = getpass()\n',
+                           'os.environ["WANDB_API_KEY"] = "<your W&B key>"\n']}),
 ])
 def test_code_that_only_mentions_secrets_is_uploaded(code, text):
     write(code, "config.py", text)
     assert "config.py" in select(code, environ={}).names
+
+
+@pytest.mark.parametrize(("line", "kind"), [
+    (f'os.environ["AWS_SECRET_ACCESS_KEY"] = "{AWS_SECRET}"', "an AWS secret access key"),
+    (f"os.environ['AWS_SECRET_ACCESS_KEY']='{AWS_SECRET}'", "an AWS secret access key"),
+    (f'os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "{AWS_SECRET}")', "an AWS secret access key"),
+    (f'os.environ.update(AWS_SECRET_ACCESS_KEY="{AWS_SECRET}")', "an AWS secret access key"),
+    (f'os.environ.update({{"AWS_SECRET_ACCESS_KEY": "{AWS_SECRET}"}})', "an AWS secret access key"),
+    (f'os.putenv("AWS_SECRET_ACCESS_KEY", "{AWS_SECRET}")', "an AWS secret access key"),
+    (f'environ["AWS_SECRET_ACCESS_KEY"] = "{AWS_SECRET}"', "an AWS secret access key"),
+    (f'os.environ["AWS_SESSION_TOKEN"] = "{AWS_SESSION}"', "an AWS session token"),
+    (f"AWS_SECURITY_TOKEN={AWS_SESSION}", "an AWS session token"),
+    (f'os.environ.setdefault("WANDB_API_KEY", "{WANDB}")', "a Weights & Biases API key"),
+    (f'os.environ["WANDB_API_KEY"] = "local-{WANDB}"', "a Weights & Biases API key"),
+    (f'os.putenv("GITHUB_TOKEN", "{GITHUB_CLASSIC}")', "a GitHub token"),
+    (f"environ['GH_TOKEN'] = '{GITHUB_CLASSIC}'", "a GitHub token"),
+    # the secrets with a shape of their own are found by it, however they are given
+    (f'os.environ["GITHUB_TOKEN"] = "{GITHUB}"', "a GitHub token"),
+    (f'os.environ["HF_TOKEN"] = "{HUGGING_FACE}"', "a Hugging Face token"),
+    (f'os.putenv("HUGGING_FACE_HUB_TOKEN", "{HUGGING_FACE}")', "a Hugging Face token"),
+    (f'os.environ.setdefault("GOOGLE_API_KEY", "{GOOGLE_API}")', "a Google API key"),
+    (f'os.environ["OPENAI_API_KEY"] = "{OPENAI}"', "an OpenAI API key"),
+])
+def test_a_secret_given_to_the_environment_in_python_is_refused(code, line, kind):
+    write(code, "setup_env.py", f"import os\nfrom os import environ\n{line}\nprint('ready')\n")
+    with pytest.raises(SecretFound) as caught:
+        select(code, environ={})
+    assert caught.value.message == f"refusing to upload setup_env.py: line 3 looks like {kind}"
+    assert not any(secret in str(caught.value) for secret in (
+        AWS_SECRET, AWS_SESSION, WANDB, GITHUB_CLASSIC, GITHUB, HUGGING_FACE, GOOGLE_API, OPENAI))
+
+
+@pytest.mark.parametrize(("line", "kind"), [
+    (f'os.environ["AWS_SECRET_ACCESS_KEY"] = "{AWS_SECRET}"\n', "an AWS secret access key"),
+    (f'os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "{AWS_SECRET}")\n',
+     "an AWS secret access key"),
+    (f'AWS_SECRET_ACCESS_KEY = "{AWS_SECRET}"\n', "an AWS secret access key"),
+    (f'os.environ["WANDB_API_KEY"] = "{WANDB}"\n', "a Weights & Biases API key"),
+])
+def test_a_secret_in_a_notebooks_source_is_refused(code, line, kind):
+    """A notebook is JSON: its source lines are strings, their quotes escaped as ``\\"``."""
+    notebook = {
+        "cells": [
+            {"cell_type": "markdown", "metadata": {}, "source": ["# Fine-tune\n", "Keys first."]},
+            {"cell_type": "code", "execution_count": 1, "id": "a1", "metadata": {}, "outputs": [],
+             "source": ["import os\n", line, "print('ready')"]},
+        ],
+        "metadata": {"kernelspec": {"display_name": "Python 3", "language": "python",
+                                    "name": "python3"}},
+        "nbformat": 4, "nbformat_minor": 5,
+    }
+    text = json.dumps(notebook, indent=1)
+    assert '\\"' in text  # the quotes of a notebook's source are escaped
+    number = next(n for n, row in enumerate(text.splitlines(), 1) if "_KEY" in row)
+    write(code, "notebooks/explore.ipynb", text)
+    with pytest.raises(SecretFound) as caught:
+        select(code, environ={})
+    assert caught.value.message == (
+        f"refusing to upload notebooks/explore.ipynb: line {number} looks like {kind}")
+
+
+@pytest.mark.parametrize(("text", "line", "kind"), [
+    (AWS_PROFILE, 4, "a hard link to an AWS credentials file"),
+    (USER_ADC, 4, "a hard link to a Google Cloud credentials file"),
+])
+def test_a_hard_link_to_a_credentials_file_is_refused_whatever_its_name(
+        code, tmp_path, text, line, kind):
+    credentials = write(tmp_path / "home", ".aws/credentials", text)
+    # A copy is one more file, scanned for secret shapes, which these hold none of.
+    write(code, "notes.txt", text)
+    os.link(code / "train.py", tmp_path / "train-backup.py")  # code with two links is code
+    assert select(code, environ={}).names == ("notes.txt", "train.py")
+
+    (code / "notes.txt").unlink()
+    os.link(credentials, code / "notes.txt")
+    os.link(credentials, code / "credentials")  # left out by its name, link or not
+    with pytest.raises(SecretFound) as caught:
+        select(code, environ={})
+    assert caught.value.message == f"refusing to upload notes.txt: line {line} looks like {kind}"
+    assert [f.name for f in caught.value.findings] == ["notes.txt"]
+    assert "7d1e" not in str(caught.value) and "1//0g" not in str(caught.value)
 
 
 def test_the_launchers_own_source_has_no_secret_shape():
