@@ -519,9 +519,11 @@ def _main(args: list[str] | None, env: Environment | None) -> int:
         return int(code) if isinstance(code, int) else ExitStatus.SUCCESS
     except SystemExit as exc:
         return int(exc.code or 0) if not isinstance(exc.code, str) else ExitStatus.USAGE
-    except click.exceptions.Abort:
-        env.stderr.write("launch: interrupted\n")
-        return ExitStatus.INTERRUPTED
+    except click.exceptions.Abort as exc:  # click's wrapping of a KeyboardInterrupt
+        cause = exc.__cause__ or exc.__context__
+        if not isinstance(cause, RunInterrupted):  # that one said what became of the job
+            env.stderr.write("launch: interrupted\n")
+        return interrupt_status(cause) if cause is not None else ExitStatus.INTERRUPTED
     except KeyboardInterrupt as exc:
         return interrupt_status(exc)
     except click.ClickException as exc:

@@ -115,6 +115,8 @@ def read_state(path: Path, kind: type[T]) -> T | None:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise corrupt(path, f"not JSON: {exc.msg} at line {exc.lineno}") from None
+    except RecursionError:
+        raise corrupt(path, "nested too deep") from None
     if not isinstance(data, kind):
         raise corrupt(path, f"expected a JSON {kind.__name__}")
     return data
@@ -174,6 +176,13 @@ class Attempt:
                 raise TypeError(f"{name} is not a finite number")
         return attempt
 
+
+#: The type of each field of ``run.json`` that launch reads back (absent ones are allowed: runs
+#: recorded before the field existed).
+_RUN_TYPES: dict[str, tuple[type, ...]] = {
+    "id": (str,), "created_at": (int, float), "script": (str,), "provider": (str,),
+    "spec": (dict,), "settings": (dict,), "plan": (dict,),
+}
 
 #: The type of each field of an attempt as launch writes it: a record that says otherwise was
 #: not written by launch (a hand, a tool, a disk), and is refused as corrupt, not acted on.
@@ -246,6 +255,9 @@ class Run:
             raise corrupt(self.path / "run.json", "missing")
         if not isinstance(info.get("provider"), str) or not isinstance(info.get("spec", {}), dict):
             raise corrupt(self.path / "run.json", "no provider, or a spec that is not a table")
+        for name, kinds in _RUN_TYPES.items():
+            if name in info and (isinstance(info[name], bool) or not isinstance(info[name], kinds)):
+                raise corrupt(self.path / "run.json", f"{name} is {type(info[name]).__name__}")
         return info
 
     @property

@@ -406,3 +406,158 @@ def test_a_plain_script_s_output_and_errors_are_logged_in_the_order_written(cli,
     lines = [line.split(":", 1)[1] for line in log.read_text().splitlines()
              if line.startswith("[rank0]:") and line.split(":", 1)[1][:4] in ("out ", "err ")]
     assert lines == [f"{kind} {i}" for i in range(300) for kind in ("out", "err")]
+
+
+# -- issue 30: interrupts, crashes at every step, moved and deleted folders ----------------------
+
+
+def _tokens(run_dir: Path) -> list[str]:
+    """The job token of every attempt of a run that was handed to the local provider."""
+    return [json.loads(p.read_text())["env"]["LAUNCH_JOB_TOKEN"]
+            for p in sorted(run_dir.glob("attempt-*/request.json"))]
+
+
+def _gone(tokens: list[str], timeout: float = 30) -> bool:
+    from launcher import processes
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not any(processes.tagged(t) for t in tokens):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_sigterm_is_an_interrupt_with_and_without_cancel_on_interrupt(cli, write_script,
+                                                                      tmp_path):
+    """What CI cancellation and timeout(1) send. Before: launch died of it silently (-15) and
+    the job kept running, with or without --cancel-on-interrupt. Both runs share the wait."""
+    script = write_script(SLOW_RECIPE)
+    cancelled = _launch_subprocess(script, tmp_path / "a", "--steps", "200",
+                                   "--cancel-on-interrupt")
+    detached = _launch_subprocess(script, tmp_path / "b", "--steps", "200")
+    runs = [_wait_for_run(tmp_path / "a"), _wait_for_run(tmp_path / "b")]
+    for proc in (cancelled, detached):
+        proc.send_signal(signal.SIGTERM)
+    (_out, err_a), (_out, err_b) = (p.communicate(timeout=60) for p in (cancelled, detached))
+    assert cancelled.returncode == ExitStatus.TERMINATED == 143, err_a
+    assert "SIGTERM received" in err_a and f"cancelled run {runs[0].name}" in err_a
+    assert "Traceback" not in err_a
+    assert _gone(_tokens(runs[0]), timeout=5)
+    attempt = json.loads((runs[0] / "attempts.jsonl").read_text())
+    assert attempt["state"] == attempt["outcome"] == "cancelled"
+
+    assert detached.returncode == 143, err_b
+    assert f"detached from run {runs[1].name}" in err_b
+    where = {"LAUNCH_STATE_DIR": str(tmp_path / "b")}
+    status = cli("status", runs[1].name, "--json", environ=where)
+    assert status.json()["attempts"][0]["live_state"] == "running"  # the job goes on
+    stop = cli("cancel", runs[1].name, environ=where)
+    assert stop.status == 0 and "cancelled attempt 1" in stop.stdout
+    assert _gone(_tokens(runs[1]), timeout=5)
+
+
+# Attempt 1 runs out of memory (micro-batch 8 under the cap); attempt 2 (micro-batch 4) trains
+# slowly, so that whatever a crash left can be seen running, followed and cancelled.
+RESUBMITTED_RECIPE = OOM_RECIPE.replace(
+    "    del scratch\n",
+    "    del scratch\n"
+    "    if batch['x'].shape[0] < 8:\n"
+    "        import time; time.sleep(0.5)\n",
+).replace('"steps": 4', '"steps": 400')
+
+#: Every fault point of a resubmission, at the attempt where it matters.
+CRASH_POINTS = ["follow.ended@1", "replan.chosen@1", "submit.recorded@2", "schedule.request@2",
+                "schedule.started@2", "schedule.recorded@2", "submit.running@2"]
+
+
+def test_a_launcher_killed_at_every_step_of_a_resubmission_leaves_a_run_it_can_act_on(
+        cli, write_script, tmp_path):
+    """`launch` is SIGKILLed (fault point, not timing luck) at each step between attempt 1's
+    out-of-memory end and attempt 2 running. Whatever it left, `status` completes the record
+    so that every job that was handed over has an attempt with its id, `logs` reads a started
+    job, and `cancel` leaves no process of the run. Before: a kill after attempt 2's runner
+    started and before runner.json was written recorded "never submitted" while the job
+    trained on, and `cancel` said "nothing running". The seven launches run at once."""
+    script = write_script(RESUBMITTED_RECIPE)
+    procs = {}
+    for point in CRASH_POINTS:
+        state = tmp_path / point
+        env = {**os.environ, "LAUNCH_STATE_DIR": str(state), "LAUNCH_NO_TRACE": "1",
+               "LAUNCH_FAULT": point}
+        procs[point] = subprocess.Popen(
+            [sys.executable, "-m", "launcher.cli", str(script), "--memory-limit", "2560MiB"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
+            cwd=str(script.parent))
+    for point, proc in procs.items():
+        _out, err = proc.communicate(timeout=300)
+        assert proc.returncode == -signal.SIGKILL, (point, proc.returncode, err)
+    for point in CRASH_POINTS:
+        environ = {"LAUNCH_STATE_DIR": str(tmp_path / point)}
+        run_dir = next((tmp_path / point / "runs").iterdir())
+        status = cli("status", "--json", environ=environ)
+        assert status.status == 0, (point, status.stderr)
+        recorded = {a["number"]: a for a in status.json()["attempts"]}
+        for request in run_dir.glob("attempt-*/request.json"):
+            number = int(request.parent.name.removeprefix("attempt-"))
+            assert recorded[number]["job_id"], (point, recorded)  # handed over: tracked
+        if (run_dir / "attempt-2" / "runner.json").exists():
+            logs = cli("logs", "--attempt", "2", environ=environ)
+            assert logs.status == 0, (point, logs.stderr)
+        cancel = cli("cancel", environ=environ)
+        assert cancel.status == 0, (point, cancel.stderr)
+        assert _gone(_tokens(run_dir), timeout=10), point
+        final = cli("status", "--json", environ=environ).json()["attempts"]
+        assert all(a["live_state"] in ("succeeded", "failed", "cancelled") for a in final), (
+            point, final)
+    # The step where the old code lost the job: attempt 2 ran, and is recorded and cancelled.
+    started = cli("status", "--json", environ={
+        "LAUNCH_STATE_DIR": str(tmp_path / "schedule.started@2")}).json()["attempts"]
+    assert [(a["outcome"], a["live_state"]) for a in started] == [
+        ("oom", "cancelled"), ("cancelled", "cancelled")], started
+
+
+def test_a_moved_state_folder_keeps_its_runs_and_a_deleted_one_stops_its_job(cli, write_script,
+                                                                            tmp_path):
+    """`mv` of the project (the state folder is ./.launch): a finished run and a running one
+    keep working from the new place; the runner writes its end into the moved folder and never
+    recreates the old one. A runner whose folder was deleted stops its job. Before: attach
+    hung, logs printed nothing, cancel waited 30 s and rewrote a succeeded attempt."""
+    relative = {"LAUNCH_STATE_DIR": ".launch"}
+    done_project, live_project, doomed_project = (tmp_path / n for n in ("p1", "p2", "p3"))
+    for project in (done_project, live_project, doomed_project):
+        (project / "code").mkdir(parents=True)
+        (project / "code" / "train.py").write_text(SLOW_RECIPE)
+    live = [_launch_subprocess(p / "code" / "train.py", p / ".launch", "--steps", "400")
+            for p in (live_project, doomed_project)]
+    finished = cli(str(done_project / "code" / "train.py"), "--steps", "2", "--json",
+                   cwd=done_project, environ=relative)
+    assert finished.status == 0, finished.stderr
+    live_run, doomed_run = (_wait_for_run(p / ".launch") for p in (live_project, doomed_project))
+    for proc in live:
+        proc.send_signal(signal.SIGINT)  # detach: the jobs go on
+        proc.communicate(timeout=60)
+
+    doomed_tokens = _tokens(doomed_run)
+    shutil.rmtree(doomed_project / ".launch")
+    assert _gone(doomed_tokens, timeout=10)  # its runner saw the folder go and stopped it
+    assert not (doomed_project / ".launch").exists()
+
+    moved_done, moved_live = tmp_path / "q1", tmp_path / "q2"
+    done_project.rename(moved_done)
+    live_project.rename(moved_live)
+    run_id = finished.json()["run_id"]
+    status = cli("status", run_id, "--json", cwd=moved_done, environ=relative)
+    assert status.status == 0 and status.json()["attempts"][0]["live_state"] == "succeeded"
+    logs = cli("logs", run_id, cwd=moved_done, environ=relative)
+    assert logs.status == 0 and '"launch": "done"' in logs.stdout
+    cancel = cli("cancel", run_id, cwd=moved_done, environ=relative)
+    assert cancel.status == 0 and "nothing running" in cancel.stdout
+    attach = cli("attach", run_id, "--json", cwd=moved_done, environ=relative)
+    assert attach.status == 0 and attach.json()["attempts"][0]["state"] == "succeeded"
+
+    stop = cli("cancel", live_run.name, cwd=moved_live, environ=relative)
+    assert stop.status == 0 and "cancelled attempt 1" in stop.stdout, stop.stderr
+    moved_attempt = moved_live / ".launch" / "runs" / live_run.name / "attempt-1"
+    assert json.loads((moved_attempt / "exit.json").read_text())["state"] == "cancelled"
+    assert not live_project.exists()  # the runner wrote through its folder, not the old path

@@ -274,8 +274,14 @@ class LocalProvider(Provider):
         runner = self._runner(job_dir)
         if runner is not None and self._runner_alive(job_dir, runner):
             processes.signal_all([runner[0]], signal.SIGTERM)
-        else:
-            processes.kill_tagged(token)
+            return
+        if runner is None:
+            # Not started yet (or its launcher died before it could start it): the record of
+            # its end comes first, and a runner that starts after reads it and runs nothing.
+            write_json(job_dir / "exit.json", {"state": JobState.CANCELLED, "returncode": None,
+                                                "message": "stopped before it started",
+                                                "ended_at": time.time()})
+        processes.kill_tagged(token)
 
 
 def _exit_status(path: Path, data: dict[str, Any]) -> JobStatus:

@@ -45,6 +45,11 @@ def main(job_dir: Path) -> int:
         request = json.load(handle)
     # Recorded before anything of the job runs: launch may have been killed before it could.
     write_json_at(folder, "runner.json", runner_record(os.getpid()))
+    try:  # stopped before it started (``LocalProvider.stop``): run nothing
+        os.stat("exit.json", dir_fd=folder)
+        return 0
+    except FileNotFoundError:
+        pass
     env = {**os.environ, **request["env"]}
     token = request["env"].get(processes.TOKEN_VAR)
     limit = request.get("memory_limit_bytes")
