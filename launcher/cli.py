@@ -534,6 +534,13 @@ def _main(args: list[str] | None, env: Environment | None) -> int:
     except LaunchError as exc:
         _error(env, exc.message, exc.hint, exc.status, as_json, debug)
         return exc.status
+    except OSError as exc:  # the machine's answer about a path the user gave: theirs to fix
+        from launcher.userfiles import shown, why
+
+        where = f" {shown(exc.filename)}" if exc.filename else ""
+        _error(env, f"cannot use{where}: {why(exc)}", "check the path and its permissions",
+               ExitStatus.USAGE, as_json, debug)
+        return ExitStatus.USAGE
     except Exception as exc:  # a bug of ours: one line unless --debug
         _error(env, f"internal error: {type(exc).__name__}: {exc}",
                "rerun with --debug for the traceback", ExitStatus.JOB_FAILED, as_json, debug)

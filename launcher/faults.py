@@ -16,6 +16,7 @@ The points (each where a crash leaves a different record on disk; tests kill at 
     follow.ended        the job ended (an OOM stopped), its outcome not yet recorded
     replan.chosen       the fixed plan is chosen, the next attempt not yet written
     state.write         any state file about to be written (with ``:enospc``, a full disk)
+    runner.record       the local runner about to record the job's end (``:enospc``)
 
 Reading one variable per call is the whole cost when unset; this is how etcd's and TiKV's
 failpoints work, and why they ship in release builds.

@@ -456,25 +456,24 @@ class Runner:
         and what to change; ``platform``: where it comes from (a bare SIGKILL means host OOM on
         the clouds)."""
         from launcher.failures import explain_stream
+        from launcher.userfiles import open_regular, shown, why
 
         env = self.env
-        try:
-            if log == "-":
-                stream = getattr(env.stdin, "buffer", None)
-                if stream is None:  # a text stream (tests): encode it back to bytes
-                    import io
+        if log == "-":
+            stream = getattr(env.stdin, "buffer", None)
+            if stream is None:  # a text stream (tests): encode it back to bytes
+                import io
 
-                    stream = io.BytesIO(env.stdin.read().encode("utf-8", errors="replace"))
-                return explain_stream(stream, platform)
-            path = Path(log) if Path(log).is_absolute() else env.cwd / log
-            if path.is_dir():
-                raise UsageError(f"{log} is a folder", "give a log file, or - for stdin")
-            with open(path, "rb") as handle:
+                stream = io.BytesIO(env.stdin.read().encode("utf-8", errors="replace"))
+            return explain_stream(stream, platform)
+        path = Path(log) if Path(log).is_absolute() else env.cwd / log
+        hint = "give a log file, or - for stdin"
+        fd = open_regular(path, "log", hint)  # a regular file: not a FIFO, not a device
+        try:
+            with open(fd, "rb") as handle:
                 return explain_stream(handle, platform)
-        except FileNotFoundError:
-            raise UsageError(f"log not found: {log}", "give a log file, or - for stdin") from None
-        except PermissionError:
-            raise UsageError(f"cannot read {log}: permission denied") from None
+        except OSError as exc:  # /proc/self/mem: EIO while read
+            raise UsageError(f"cannot read the log {shown(path)}: {why(exc)}", hint) from None
 
     def machines(self, provider: str, gpu: str | None = None) -> list[Machine]:
         """The GPU machines of a cloud's catalog, only those with ``gpu`` when given."""

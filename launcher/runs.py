@@ -233,7 +233,9 @@ class Run:
             found = sorted(p for p in runs.iterdir() if p.is_dir() and p.name != "dry-run"
                            ) if runs.is_dir() else []
         except OSError as exc:
-            raise UsageError(f"cannot read the state folder {runs}: {exc.strerror}",
+            from launcher.userfiles import shown
+
+            raise UsageError(f"cannot read the state folder {shown(runs)}: {exc.strerror}",
                              "set LAUNCH_STATE_DIR to the folder launch wrote") from None
         if not found:
             raise UsageError(f"no runs under {runs}", "start one with `launch SCRIPT`")

@@ -31,7 +31,8 @@ from launcher.status import UsageError
 CONFIG_LIMIT = 16 << 20
 
 
-def _why(exc: OSError) -> str:
+def why(exc: OSError) -> str:
+    """An OSError in a few words (no errno, no path: the message names the path itself)."""
     if exc.errno == errno.ENAMETOOLONG:
         return "the name is too long"
     if exc.errno == errno.ELOOP:
@@ -39,7 +40,8 @@ def _why(exc: OSError) -> str:
     return exc.strerror or str(exc)
 
 
-def _shown(path: Path, limit: int = 120) -> str:
+def shown(path: Path | str, limit: int = 120) -> str:
+    """A path for a one-line message: a 5,000-character one is cut in the middle."""
     text = str(path)
     return text if len(text) <= limit else text[: limit // 2] + "..." + text[-limit // 2:]
 
@@ -50,14 +52,14 @@ def open_regular(path: Path, what: str, hint: str = "") -> int:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
-        raise UsageError(f"{what} not found: {_shown(path)}", hint) from None
+        raise UsageError(f"{what} not found: {shown(path)}", hint) from None
     except OSError as exc:
-        raise UsageError(f"cannot read {what} {_shown(path)}: {_why(exc)}", hint) from None
+        raise UsageError(f"cannot read {what} {shown(path)}: {why(exc)}", hint) from None
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
             kind = "a folder" if stat.S_ISDIR(mode) else "not a regular file"
-            raise UsageError(f"{what} {_shown(path)} is {kind}", hint or "give a regular file")
+            raise UsageError(f"{what} {shown(path)} is {kind}", hint or "give a regular file")
         os.set_blocking(fd, True)
     except BaseException:
         os.close(fd)
@@ -73,9 +75,9 @@ def read_bytes(path: Path, what: str, limit: int = CONFIG_LIMIT, hint: str = "")
         with os.fdopen(fd, "rb", closefd=True) as handle:
             data = handle.read(limit + 1)
     except OSError as exc:  # /proc/self/mem: EIO on read
-        raise UsageError(f"cannot read {what} {_shown(path)}: {_why(exc)}", hint) from None
+        raise UsageError(f"cannot read {what} {shown(path)}: {why(exc)}", hint) from None
     if len(data) > limit:
-        raise UsageError(f"{what} {_shown(path)} is larger than {limit >> 20} MiB",
+        raise UsageError(f"{what} {shown(path)} is larger than {limit >> 20} MiB",
                          hint or "give the file it should be")
     return data
 
@@ -85,7 +87,7 @@ def read_text(path: Path, what: str, limit: int = CONFIG_LIMIT, hint: str = "") 
     try:
         return read_bytes(path, what, limit, hint).decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise UsageError(f"{what} {_shown(path)} is not UTF-8 text (byte {exc.start})",
+        raise UsageError(f"{what} {shown(path)} is not UTF-8 text (byte {exc.start})",
                          hint) from None
 
 
@@ -100,19 +102,19 @@ def write_through(path: Path, text: str, what: str = "file") -> Path:
     except FileNotFoundError:
         st = None
     except OSError as exc:
-        raise UsageError(f"cannot write the {what} {_shown(path)}: {_why(exc)}") from None
+        raise UsageError(f"cannot write the {what} {shown(path)}: {why(exc)}") from None
     if st is not None and not stat.S_ISREG(st.st_mode):
         kind = "a folder" if stat.S_ISDIR(st.st_mode) else "not a regular file"
-        raise UsageError(f"will not write the {what} over {_shown(path)}: it is {kind}",
+        raise UsageError(f"will not write the {what} over {shown(path)}: it is {kind}",
                          "give the path of a file to create or replace")
     folder = target.parent
     if not folder.is_dir():
-        raise UsageError(f"cannot write the {what} {_shown(path)}: the folder {_shown(folder)} "
+        raise UsageError(f"cannot write the {what} {shown(path)}: the folder {shown(folder)} "
                          "does not exist", "create it first, or give another path")
     try:
         fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{target.name[:64]}.", suffix=".tmp")
     except OSError as exc:
-        raise UsageError(f"cannot write the {what} {_shown(path)}: {_why(exc)}") from None
+        raise UsageError(f"cannot write the {what} {shown(path)}: {why(exc)}") from None
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
@@ -122,7 +124,7 @@ def write_through(path: Path, text: str, what: str = "file") -> Path:
         os.replace(tmp, target)
     except OSError as exc:
         Path(tmp).unlink(missing_ok=True)
-        raise UsageError(f"cannot write the {what} {_shown(path)}: {_why(exc)}") from None
+        raise UsageError(f"cannot write the {what} {shown(path)}: {why(exc)}") from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

@@ -61,7 +61,53 @@ def test_explain_empty_and_binary_files(cli, tmp_path):
 def test_explain_missing_file(cli):
     result = cli("explain", "nope.log")
     assert result.status == ExitStatus.USAGE
-    assert "log not found: nope.log" in result.stderr and "Traceback" not in result.stderr
+    assert "log not found: " in result.stderr and "nope.log" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_explain_refuses_what_is_no_log_file_in_one_line(cli, tmp_path):
+    """A 5,000-character name, a symlink loop, /proc/self/mem (EIO on read), a FIFO (a read
+    would block forever), a folder: each one line, exit 2 (issue 30; before: internal errors)."""
+    import os
+
+    (tmp_path / "loop1").symlink_to(tmp_path / "loop2")
+    (tmp_path / "loop2").symlink_to(tmp_path / "loop1")
+    os.mkfifo(tmp_path / "fifo")
+    for log, words in [("a" * 5000, "name is too long"), ("loop1", "symlink loop"),
+                       ("/proc/self/mem", "Input/output error"), ("fifo", "not a regular file"),
+                       (str(tmp_path), "is a folder")]:
+        result = cli("explain", log)
+        assert result.status == ExitStatus.USAGE, (log[:20], result.stderr)
+        assert words in result.stderr and result.stderr.count("\n") == 1, result.stderr
+        assert len(result.stderr) < 400  # a long name is cut, not echoed whole
+
+
+def test_the_report_is_written_through_never_over_what_is_not_a_file(cli, tmp_path):
+    """--report replaced whatever was at the path (a symlink became a file; as root, the
+    device /dev/full became HTML) and created missing folders (issue 30). Now: a new or
+    regular file is written atomically; a symlink stays and its target is written; a device,
+    FIFO or folder is refused; a missing folder is not created."""
+    import os
+
+    plan = ("plan", "--params", "125M", "--provider", "vertex", "--region", "us-central1")
+    target = tmp_path / "real.html"
+    target.write_text("old")
+    os.chmod(target, 0o640)
+    (tmp_path / "link.html").symlink_to(target)
+    result = cli(*plan, "--report", str(tmp_path / "link.html"))
+    assert result.status == 0, result.stderr
+    assert (tmp_path / "link.html").is_symlink() and "<html" in target.read_text().lower()
+    assert target.stat().st_mode & 0o777 == 0o640  # the file's own permissions kept
+    os.mkfifo(tmp_path / "fifo")
+    for path, words in [("/dev/full", "not a regular file"), (str(tmp_path / "fifo"),
+                        "not a regular file"), (str(tmp_path), "a folder"),
+                        (str(tmp_path / "new" / "x" / "plan.html"), "does not exist")]:
+        result = cli(*plan, "--report", path)
+        assert result.status == ExitStatus.USAGE, (path, result.stderr)
+        assert words in result.stderr and result.stderr.count("\n") == 1, result.stderr
+    assert os.path.exists("/dev/full") and not os.path.isfile("/dev/full")
+    assert not (tmp_path / "new").exists()
+    assert not list(tmp_path.glob(".*.tmp"))
 
 
 def test_explain_reads_the_old_cpu_allocator_message_as_host_memory(cli, tmp_path):

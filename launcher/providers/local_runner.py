@@ -11,6 +11,7 @@ kills whatever still carries the job's token. It imports nothing heavy: it must 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import resource
@@ -21,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from launcher import processes
+from launcher import faults, processes
 from launcher.runs import write_json_at
 from launcher.status import JobState
 
@@ -33,7 +34,7 @@ GRACE_S = 1.0
 
 #: Seconds between tries to record how the job ended when the folder cannot be written (a full
 #: disk): the runner stays, so the job reads as running until the record can be written.
-RECORD_RETRY_S = 5.0
+RECORD_RETRY_S = 2.0
 RECORD_PATIENCE_S = 24 * 3600.0
 
 
@@ -129,13 +130,15 @@ def _record(folder: int, data: dict[str, object]) -> None:
     deadline = time.monotonic() + RECORD_PATIENCE_S
     while True:
         try:
+            faults.point("runner.record", "exit.json")
             write_json_at(folder, "exit.json", data)
             return
         except OSError as exc:
             if _gone(folder) or time.monotonic() > deadline:
                 raise
-            print(f"cannot record the job's end yet ({exc.strerror}); retrying", file=sys.stderr,
-                  flush=True)
+            with contextlib.suppress(OSError):  # runner.err may be on the full disk too
+                print(f"cannot record the job's end yet ({exc.strerror}); retrying",
+                      file=sys.stderr, flush=True)
             time.sleep(RECORD_RETRY_S)
 
 

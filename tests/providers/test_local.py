@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import subprocess
 import sys
 import textwrap
 import time
@@ -246,3 +248,84 @@ def test_a_corrupt_job_file_is_a_usage_error_naming_it(tmp_path, name):
     (Path(job_id) / name).write_text('{"state": ')
     with pytest.raises(UsageError, match=name):
         provider.poll(job_id)
+
+
+# -- issue 30: a full disk, a huge line ----------------------------------------------------------
+
+
+def _small_tmpfs(path: Path, size: str = "2m") -> bool:
+    """Mount a small tmpfs at ``path`` where this machine allows it (root, no container rule
+    against it): a real full disk. Elsewhere the caller uses the fault point instead."""
+    path.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                          capture_output=True)
+    return done.returncode == 0
+
+
+@pytest.mark.parametrize("how", ["tmpfs", "fault"])
+def test_a_full_disk_at_the_job_s_end_is_recorded_once_space_returns(tmp_path, monkeypatch, how):
+    """The job ends while its folder's disk is full: the runner cannot write exit.json. It
+    keeps trying, the job reads as running (never as "the runner died"), and once space
+    returns the true end is recorded. ``tmpfs``: a real 2 MiB tmpfs filled to the last byte,
+    where mount is allowed (here and in CI, as root; elsewhere it falls back to the fault);
+    ``fault``: the runner's ``runner.record`` fault point raises the same ENOSPC once."""
+    disk = tmp_path / "disk"
+    real = how == "tmpfs" and _small_tmpfs(disk)
+    if not real:
+        monkeypatch.setenv("LAUNCH_FAULT", "runner.record:enospc")
+    try:
+        go = tmp_path / "go"
+        source = f"""
+            import pathlib, time
+            print('waiting', flush=True)
+            while not pathlib.Path({str(go)!r}).exists():
+                time.sleep(0.05)
+            print('done', flush=True)
+        """
+        job = _job(disk if real else tmp_path, source)
+        provider = LocalProvider(sys.executable)
+        _request, job_id = provider.submit(job)
+        deadline = time.monotonic() + 60
+        while "waiting" not in "\n".join(_all_lines(provider, job_id)):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        filler = disk / "filler"
+        if real:  # fill the disk to the last byte
+            with open(filler, "wb") as handle, contextlib.suppress(OSError):
+                while True:
+                    handle.write(b"\0" * 65536)
+                    handle.flush()
+        go.write_text("1")
+        time.sleep(3)  # the job has ended; its end cannot be written
+        status = provider.poll(job_id)
+        assert status.state == "running", status
+        assert not (Path(job_id) / "exit.json").exists()
+        if real:
+            filler.unlink()
+        final = _wait(provider, job_id, timeout=30)
+        assert final.state == "succeeded", final
+        if not real:  # on the full disk the runner's note could not be written either
+            errors = (Path(job_id) / "runner.err").read_text()
+            assert "cannot record the job's end yet (No space left on device)" in errors
+    finally:
+        if real:
+            subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def test_a_line_longer_than_a_read_is_split_not_lost(tmp_path):
+    """A log line over the 8 MiB read blinded the follower for the rest of the job (`logs`
+    printed 0 of 9.4 MB). It comes in pieces now, and the lines after it too."""
+    from launcher.providers.local import _read_lines
+
+    log = tmp_path / "output.log"
+    long = "é" * (5 << 20)  # 10 MiB of two-byte characters: no piece may cut one in two
+    log.write_text(f"before\n{long}\nafter\n", encoding="utf-8")
+    lines, cursor = [], None
+    while True:
+        new, cursor = _read_lines(log, cursor)
+        if not new:
+            break
+        lines += new
+    assert lines[0] == "before" and lines[-1] == "after"
+    assert "".join(lines[1:-1]) == long and "\ufffd" not in "".join(lines)
+    assert cursor == log.stat().st_size
