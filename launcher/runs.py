@@ -210,7 +210,9 @@ class Run:
             probe.touch()
             probe.unlink()
         except OSError as exc:
-            raise UsageError(f"cannot write the state folder {state_dir}: {exc.strerror}",
+            from launcher.userfiles import shown, why
+
+            raise UsageError(f"cannot write the state folder {shown(state_dir)}: {why(exc)}",
                              "set LAUNCH_STATE_DIR to a writable folder") from None
         for _ in range(8):  # 32 random bits a second: a clash is a retry, not an error
             run_id = f"{_slug(stem)}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(4)}"

@@ -233,3 +233,36 @@ def test_signals_never_reach_a_pid_that_is_no_valid_pid(sentinel):
         assert processes.valid_pid(value) is None
     assert processes.valid_pid(sentinel.pid) == sentinel.pid
     assert not processes.owned(sentinel.pid, processes.start_ticks(sentinel.pid), "0" * 24)
+
+
+def test_a_read_only_state_folder_is_exit_2_naming_it(cli, finished, tmp_path):
+    """A read-only state folder (a real read-only bind mount where mount is allowed, as here
+    and in CI as root; else a folder without write permission, the same refusal for a user
+    that is not root). Reading commands work; one that must record says which folder. Before:
+    `attach` failed with an internal error (EROFS on the lock)."""
+    run_id = next((finished / "runs").iterdir()).name
+    state = tmp_path / "state"
+    shutil.copytree(finished, state)
+    run_dir = state / "runs" / run_id
+    lines = (run_dir / "attempts.jsonl").read_text().replace('"succeeded"', '"running"')
+    (run_dir / "attempts.jsonl").write_text(lines)  # attach will have to record the end
+    mounted = subprocess.run(["mount", "--bind", "-o", "ro", str(state), str(state)],
+                             capture_output=True).returncode == 0
+    if not mounted:
+        for folder in (state, *state.rglob("*")):
+            if folder.is_dir():
+                folder.chmod(0o500)
+    try:
+        assert cli("status", run_id).status == 0
+        assert cli("logs", run_id).status == 0
+        out = cli("attach", run_id)
+        assert out.status == ExitStatus.USAGE, out.stderr
+        assert "cannot write the state folder" in out.stderr and str(run_dir) in out.stderr
+        assert out.stderr.count("\n") == 1 and "internal error" not in out.stderr
+    finally:
+        if mounted:
+            subprocess.run(["umount", str(state)], check=False)
+        else:
+            for folder in (state, *state.rglob("*")):
+                if folder.is_dir():
+                    folder.chmod(0o700)
