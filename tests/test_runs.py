@@ -119,3 +119,28 @@ def test_corrupt_run_file_is_a_usage_error_naming_it(tmp_path, content):
     (run.path / "run.json").write_text(content)
     with pytest.raises(UsageError, match="run.json"):
         _ = run.info
+
+
+def test_a_writer_killed_mid_write_leaves_no_temporary_file_behind(tmp_path):
+    """`kill -9` of a launch between mkstemp and the rename left `.attempts.jsonl.*.tmp` in the
+    run folder (issue 30). Every writer of attempts.jsonl holds the run's lock, so a temporary
+    file of it seen under the lock is a dead writer's: the next update removes it."""
+    import os
+    import signal
+
+    run = Run.create(tmp_path, "killed", {"provider": "local"})
+    pid = os.fork()
+    if pid == 0:  # the writer: killed after its temporary file exists, before the rename
+        real_replace = os.replace
+        os.replace = lambda *a: os.kill(os.getpid(), signal.SIGKILL)  # type: ignore[assignment]
+        try:
+            run.save_attempt(Attempt(number=1, plan={}))
+        finally:
+            os.replace = real_replace
+            os._exit(1)
+    _pid, status = os.waitpid(pid, 0)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+    assert list(run.path.glob(".attempts.jsonl.*.tmp"))  # what the dead writer left
+    run.save_attempt(Attempt(number=1, plan={"micro_batch_size": 2}))
+    assert not list(run.path.glob(".attempts.jsonl.*.tmp"))
+    assert run.attempts()[0].plan == {"micro_batch_size": 2}
