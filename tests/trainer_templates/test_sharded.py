@@ -11,10 +11,12 @@ no run import the rendered script in this process.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.util
 import json
 import math
+import pickle
 import re
 import shutil
 import sys
@@ -26,6 +28,8 @@ from unittest import mock
 
 import pytest
 import torch
+from torch.distributed.checkpoint import FileSystemReader, state_dict_loader, state_dict_saver
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from launcher.render import PLAN_NAME, render, render_script
@@ -103,8 +107,10 @@ def followups(runs: dict[str, Run], tmp_path_factory: pytest.TempPathFactory) ->
     """Runs that resume from ``fsdp``'s checkpoint of step 3, started together.
 
     - ``resume``: 2 processes again, without activation checkpointing. Next to step 3 lie a
-      newer checkpoint whose shard file of rank 1 is gone (an S3 sync cut short) and a newer
-      step directory without launch.pt (a killed writer's).
+      newer checkpoint whose shard file of rank 1 is gone (an S3 sync cut short), a newer
+      step directory without launch.pt (a killed writer's), and two newer copies of step 3 that
+      another job of the account planted (the folder is a bucket prefix they can write): one
+      whose .metadata, one whose launch.pt is a pickle that would create a sentinel file.
     - ``resume_on_one``: one process with micro-batch 4: the same 8 samples per step, so its
       loss is the mean of the two ranks' losses. DCP reads both ranks' shards into one.
     """
@@ -115,6 +121,10 @@ def followups(runs: dict[str, Run], tmp_path_factory: pytest.TempPathFactory) ->
     (decoyed / "step_00000006" / "__1_0.distcp").unlink()
     (decoyed / "step_00000007").mkdir()
     (decoyed / "step_00000007" / "__0_0.distcp").write_bytes(b"half")
+    planted_launch = shutil.copytree(decoyed / "step_00000003", decoyed / "step_00000004")
+    torch.save({"step": Planted(base / "launch_pt_ran")}, planted_launch / "launch.pt")
+    planted_metadata = shutil.copytree(decoyed / "step_00000003", decoyed / "step_00000005")
+    (planted_metadata / ".metadata").write_bytes(pickle.dumps(Planted(base / "metadata_ran")))
     started = {
         "resume": start(base / "resume", nproc=2, strategy="fsdp", checkpoint_dir=decoyed,
                         **LOADER),
@@ -124,6 +134,16 @@ def followups(runs: dict[str, Run], tmp_path_factory: pytest.TempPathFactory) ->
             **{**LOADER, "micro_batch_size": 4}),
     }
     return {name: pending.wait() for name, pending in started.items()}
+
+
+class Planted:
+    """A pickle that, unpickled without restriction, creates ``sentinel``."""
+
+    def __init__(self, sentinel: Path) -> None:
+        self.sentinel = sentinel
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Path.touch, (self.sentinel,))
 
 
 def copy_checkpoint(source: Path, step: int, directory: Path) -> Path:
@@ -303,9 +323,20 @@ def test_resume_continues_exactly_and_skips_incomplete_checkpoints(
     """From step 3, steps 4 to 8 have the uninterrupted run's losses on both ranks, and the run
     ends with its weights. The newer checkpoint missing a shard is skipped with a warning, the
     step directory without launch.pt silently; both are pruned once a checkpoint is written. The
-    resumed run does not recompute activations: the checkpoint's keys do not depend on it."""
+    resumed run does not recompute activations: the checkpoint's keys do not depend on it.
+
+    The planted checkpoints ran nothing: the one whose .metadata names a function is refused
+    with one line, the one whose launch.pt does is skipped as not loading (weights_only). Both
+    are newer than step 3, so they are among the 3 kept at the end, in step 3's place."""
     run, reference = followups["resume"].check(), runs["fsdp"]
     assert "skipping checkpoint" in run.stderr and "__1_0.distcp" in run.stderr
+    base = run.job_dir.parent
+    assert not (base / "metadata_ran").exists() and not (base / "launch_pt_ran").exists()
+    refused = [line for line in run.stderr.splitlines() if "refusing checkpoint" in line]
+    assert len(refused) == 1 and "step_00000005: its .metadata names pathlib.Path.touch" in \
+        refused[0], run.stderr
+    assert re.search(r"skipping checkpoint \S*step_00000004 that does not load: Weights only",
+                     run.stderr), run.stderr
     resumed = [(r["rank"], r["step"], Path(r["path"]).name) for r in run.of("resume")]
     assert sorted(resumed) == [(0, 3, "step_00000003"), (1, 3, "step_00000003")]
     for rank in (0, 1):
@@ -314,7 +345,7 @@ def test_resume_continues_exactly_and_skips_incomplete_checkpoints(
     assert_same_weights(load_sharded(run, 8, tmp_path)["model"],
                         load_sharded(reference, 8, tmp_path)["model"], tol=1e-6)
     assert sorted(p.name for p in run.checkpoint_dir.iterdir()) == [
-        "step_00000003", "step_00000006", "step_00000008"]
+        "step_00000005", "step_00000006", "step_00000008"]
 
 
 @pytest.mark.slow
@@ -394,6 +425,79 @@ def test_only_complete_step_directories_are_checkpoints(
         "notes", "step_00000001.pt", "step_00000007", "step_00000012"]
     assert script.list_checkpoints(tmp_path / "missing") == []
     assert script.missing_shards(tmp_path / "step_00000007") == [".metadata"]
+
+
+def save_dcp(state: dict[str, Any], path: Path) -> Path:
+    """``state`` as a DCP checkpoint in this one process (no process group)."""
+    state_dict_saver.save(state, checkpoint_id=path, no_dist=True)
+    return path
+
+
+#: DCP in one process without a process group says so each time.
+NO_DIST = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
+
+
+@NO_DIST
+def test_checkpoint_metadata_is_unpickled_with_dcp_s_names_only(
+    script: ModuleType, tmp_path: Path
+) -> None:
+    """The reader of a checkpoint another job could have written resolves only what DCP's
+    metadata is made of: a real checkpoint's .metadata reads back as pickle.load reads it; one
+    whose .metadata calls a function is refused before anything runs, where DCP's own reader
+    runs it; so is one naming a shard file outside its folder."""
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.ones(1, 3)).sum().backward()
+    optimizer.step()
+    path = save_dcp(script.sharded_state(model, optimizer), tmp_path / "step_00000001")
+    metadata = script.CheckedReader(path).read_metadata()
+    assert metadata.state_dict_metadata == pickle.loads((path / ".metadata").read_bytes()) \
+        .state_dict_metadata
+    assert script.missing_shards(path) == []
+
+    sentinel = tmp_path / "ran"
+    (path / ".metadata").write_bytes(pickle.dumps(Planted(sentinel)))
+    with pytest.raises(script.UntrustedCheckpoint, match="names pathlib.Path.touch"):
+        script.CheckedReader(path).read_metadata()
+    with pytest.raises(script.UntrustedCheckpoint):
+        script.missing_shards(path)
+    assert not sentinel.exists()
+    with contextlib.suppress(Exception):  # what it guards against: DCP's reader runs it
+        FileSystemReader(path).read_metadata()
+    assert sentinel.exists()
+
+    metadata.storage_data = {index: dataclasses.replace(item, relative_path="../elsewhere")
+                             for index, item in metadata.storage_data.items()}
+    (path / ".metadata").write_bytes(pickle.dumps(metadata))
+    with pytest.raises(script.UntrustedCheckpoint, match="names a shard file '../elsewhere'"):
+        script.CheckedReader(path).read_metadata()
+
+
+@NO_DIST
+def test_non_tensor_values_of_a_checkpoint_load_as_plain_data_only(
+    script: ModuleType, tmp_path: Path
+) -> None:
+    """DCP stores a state's non-tensor values (the optimizer's lr, betas...) as torch.save'd
+    bytes and loads them with weights_only=False; through CheckedReader they load as plain data,
+    and a planted object is refused instead of run (DCP's default reader runs it)."""
+    sentinel = tmp_path / "ran"
+    path = save_dcp({"w": torch.ones(2), "lr": 0.5, "betas": (0.9, 0.99)}, tmp_path / "plain")
+    state = {"w": torch.zeros(2), "lr": 0.0, "betas": ()}
+    state_dict_loader.load(state, checkpoint_id=path, storage_reader=script.CheckedReader(path),
+                           no_dist=True)
+    assert torch.equal(state["w"], torch.ones(2)) and state["lr"] == 0.5
+    assert state["betas"] == (0.9, 0.99)
+
+    path = save_dcp({"w": torch.ones(2), "lr": Planted(sentinel)}, tmp_path / "planted")
+    with pytest.raises(CheckpointException, match="Weights only load failed"):
+        state_dict_loader.load({"w": torch.zeros(2), "lr": 0.0}, checkpoint_id=path,
+                               storage_reader=script.CheckedReader(path), no_dist=True)
+    assert not sentinel.exists()
+    assert torch.load is torch.serialization.load  # restricted for the read only
+    with contextlib.suppress(CheckpointException):
+        state_dict_loader.load({"w": torch.zeros(2), "lr": 0.0}, checkpoint_id=path,
+                               no_dist=True)
+    assert sentinel.exists()
 
 
 def test_a_shard_group_that_does_not_divide_the_processes_is_refused(tmp_path: Path) -> None:
