@@ -11,6 +11,7 @@ imports the other. Nothing here imports click or a provider package at import ti
 from __future__ import annotations
 
 import dataclasses
+import math
 import typing
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -203,3 +204,101 @@ def config_keys() -> dict[str, ConfigKey]:
     for key, kind in provider_settings().items():
         keys.setdefault(key, ConfigKey(key, kind))
     return keys
+
+
+#: The environment variables that tune launch itself (an option's variable, ``LAUNCH_REGION``,
+#: is that option's ``envvar`` above), each with what it takes: ``seconds`` (a positive finite
+#: number), ``flag`` (on or off: :data:`FLAG_WORDS`), or the words it accepts. Read only through
+#: :func:`env_seconds`, :func:`env_flag` and :func:`env_word`; a value of another kind is one
+#: usage line naming the variable (:func:`check_environment` checks them all up front).
+ENVIRONMENT: dict[str, str | tuple[str, ...]] = {
+    "LAUNCH_PROBE_TIMEOUT": "seconds",  # the recipe's probe child (recipe.py)
+    "LAUNCH_CAPTURE_TIMEOUT": "seconds",  # a framework script's capture (frameworks.py)
+    "LAUNCH_TRACE_TIMEOUT": "seconds",  # each trace (preflight.py)
+    "LAUNCH_RANK_TRACE_BUDGET": "seconds",  # all the rank traces of one preflight
+    "LAUNCH_NO_TRACE": "flag",  # plan on model states only
+    "LAUNCH_TRACE_DEPTH": ("full",),  # trace every block, not two depths extrapolated
+}
+#: The spellings of a flag variable, lower-cased: on, and off (empty is off, as unset).
+FLAG_WORDS = {"1": True, "true": True, "yes": True, "on": True,
+              "0": False, "false": False, "no": False, "off": False, "": False}
+#: The longest a seconds variable may ask for (30 days, as the message says): beyond it a time
+#: limit is no limit, and the clocks that take it (``subprocess``'s ``timeout``) overflow.
+MAX_SECONDS = 30 * 86400.0
+
+
+def _env_shown(name: str, text: str) -> str:
+    """``NAME=value`` for a one-line message: the value quoted and cut short unless it is short
+    and printable."""
+    if text.isprintable() and 0 < len(text) <= 40 and text.strip() == text:
+        return f"{name}={text}"
+    import json
+
+    return f"{name}={json.dumps(text[:40])}{'...' if len(text) > 40 else ''}"
+
+
+def env_seconds(environ: typing.Mapping[str, str], name: str, default: float) -> float:
+    """The positive, finite number of seconds ``name`` sets (``default`` if it is unset or
+    empty); ``abc``, ``nan``, ``inf``, ``-5``, ``0`` or ``1e400`` is a ``UsageError`` naming it."""
+    from launcher.status import UsageError
+
+    text = environ.get(name)
+    if text is None or not text.strip():
+        return default
+    hint = "set it to e.g. 600, or unset it"
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if math.isnan(seconds):
+        raise UsageError(f"{_env_shown(name, text)} is not a number of seconds", hint)
+    if seconds <= 0:
+        raise UsageError(f"{_env_shown(name, text)} is not a positive number of seconds", hint)
+    if seconds > MAX_SECONDS:
+        raise UsageError(f"{_env_shown(name, text)} is longer than 30 days", hint)
+    return seconds
+
+
+def env_flag(environ: typing.Mapping[str, str], name: str) -> bool:
+    """Whether flag variable ``name`` is on: ``1``, ``true``, ``yes``, ``on`` (any case); off
+    for ``0``, ``false``, ``no``, ``off``, empty or unset; any other value is a ``UsageError``
+    naming it (``LAUNCH_NO_TRACE=yes`` must not trace silently)."""
+    from launcher.status import UsageError
+
+    text = environ.get(name)
+    if text is None:
+        return False
+    word = FLAG_WORDS.get(text.strip().lower())
+    if word is None:
+        raise UsageError(f"{_env_shown(name, text)} is neither on nor off",
+                         "set it to 1, true, yes or on; to 0, false, no or off; or unset it")
+    return word
+
+
+def env_word(environ: typing.Mapping[str, str], name: str) -> str | None:
+    """The word ``name`` sets, one of those :data:`ENVIRONMENT` lists for it (None if it is
+    unset or empty); any other value is a ``UsageError`` naming it and the words it takes."""
+    from launcher.status import UsageError
+
+    words = ENVIRONMENT[name]
+    assert isinstance(words, tuple)
+    text = environ.get(name)
+    if text is None or not text.strip():
+        return None
+    word = text.strip().lower()
+    if word not in words:
+        raise UsageError(f"{_env_shown(name, text)} is not {either(words)}",
+                         f"set {name}={words[0]}, or unset it")
+    return word
+
+
+def check_environment(environ: typing.Mapping[str, str]) -> None:
+    """Every variable of :data:`ENVIRONMENT` that is set, checked at once (before planning): a
+    bad value is refused whichever path of the plan would have read it."""
+    for name, kind in ENVIRONMENT.items():
+        if kind == "seconds":
+            env_seconds(environ, name, 1.0)
+        elif kind == "flag":
+            env_flag(environ, name)
+        else:
+            env_word(environ, name)

@@ -27,6 +27,7 @@ from launcher.estimate.model_config import (
     shape_from_params,
 )
 from launcher.estimate.states import model_states
+from launcher.options import check_environment, env_flag, env_seconds, env_word
 from launcher.plan.plan import Memory
 from launcher.plan.planner import PlanResult, plan
 from launcher.plan.targets import calibrated, cloud_targets, local_target
@@ -78,9 +79,9 @@ def _trace_options(spec: Spec, environ: dict[str, str]) -> dict[str, Any]:
     fitted, the accumulation traced, the time limit, the spec's training settings."""
     return dict(
         micro_batch_sizes=(1, 2, 4), grad_accum_steps=2,
-        timeout_s=float(environ.get("LAUNCH_TRACE_TIMEOUT", DEFAULT_TRACE_TIMEOUT_S)),
+        timeout_s=env_seconds(environ, "LAUNCH_TRACE_TIMEOUT", DEFAULT_TRACE_TIMEOUT_S),
         max_grad_norm=spec.max_grad_norm, lr=spec.lr, weight_decay=spec.weight_decay,
-        seed=spec.seed, scale_depth=environ.get("LAUNCH_TRACE_DEPTH") != "full",
+        seed=spec.seed, scale_depth=env_word(environ, "LAUNCH_TRACE_DEPTH") != "full",
         foreach=None if spec.optimizer_impl is None else spec.optimizer_impl == "foreach")
 
 
@@ -244,6 +245,7 @@ def preflight(spec: Spec, info: ScriptInfo, state_dir: Path | None = None,
     if info.framework is not None:
         spec = _framework_spec(spec, info)
     environ = dict(os.environ if environ is None else environ)
+    check_environment(environ)  # whichever path below would read a bad value
     described = False
     try:
         shape, source = describe(spec, info)
@@ -257,13 +259,13 @@ def preflight(spec: Spec, info: ScriptInfo, state_dir: Path | None = None,
         targets = cloud_targets(spec.provider, spec)
     device = "cpu" if targets and all(t.cpu for t in targets) else "cuda"
     trace = ((info.mode == "recipe" or info.framework_recipe is not None) and shape is None
-             and environ.get("LAUNCH_NO_TRACE") != "1")
+             and not env_flag(environ, "LAUNCH_NO_TRACE"))
     # A framework script is traced through the recipe made from what it built.
     traced_spec = spec if info.framework_recipe is None else replace(
         spec, script=info.framework_recipe)
     # A config transformers can build is traced like a recipe (importlib: no import here).
     hf_trace = (shape is not None and spec.model_config is not None and shape.seq_len is not None
-                and environ.get("LAUNCH_NO_TRACE") != "1"
+                and not env_flag(environ, "LAUNCH_NO_TRACE")
                 and importlib.util.find_spec("transformers") is not None)
     hf_failed: dict[str, str] = {}
 
@@ -278,8 +280,8 @@ def preflight(spec: Spec, info: ScriptInfo, state_dir: Path | None = None,
             f"{spec.script.name} defines no wrap_modules(), so its blocks cannot be "
             f"checkpointed ({pinned} checkpointing was asked for)",
             "add wrap_modules() returning the block classes, or drop the checkpointing pin")
-    budget = _Budget(float(environ.get("LAUNCH_RANK_TRACE_BUDGET",
-                                       DEFAULT_RANK_TRACE_BUDGET_S)))
+    budget = _Budget(env_seconds(environ, "LAUNCH_RANK_TRACE_BUDGET",
+                                 DEFAULT_RANK_TRACE_BUDGET_S))
 
     @functools.cache
     def estimator(precision: str, optimizer: str, checkpointing: bool) -> Footprint:
@@ -350,7 +352,7 @@ def _config_recipe(spec: Spec, info: ScriptInfo, environ: dict[str, str],
 
     if error.model_type is None or error.config is None:
         raise error
-    if environ.get("LAUNCH_NO_TRACE") == "1":
+    if env_flag(environ, "LAUNCH_NO_TRACE"):
         raise refuse("unset LAUNCH_NO_TRACE to have it traced as transformers builds it, or "
                      "give --params")
     if importlib.util.find_spec("transformers") is None:

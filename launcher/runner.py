@@ -264,9 +264,10 @@ class Runner:
         """Start the estimator's trace child now if the plan will trace the recipe, so that its
         torch import overlaps the recipe's loading (seconds off every traced preflight); say
         whether it will (the trace then also counts the FLOPs the recipe probe would)."""
+        from launcher.options import env_flag
         from launcher.recipe import classify
 
-        if (self.env.environ.get("LAUNCH_NO_TRACE") == "1"
+        if (env_flag(self.env.environ, "LAUNCH_NO_TRACE")
                 or options.get("model_config") is not None or options.get("params") is not None):
             return False
         try:
@@ -357,6 +358,7 @@ class Runner:
     def _replanner(self, spec: Spec, info: ScriptInfo) -> Callable[..., Any]:
         """The supervisor's replanner: a fixed plan from a failed one and its diagnosis."""
         from launcher import remedies
+        from launcher.options import env_flag
         from launcher.remedies import replan, retrace
 
         can_checkpoint = remedies.can_checkpoint(info.hooks)
@@ -364,8 +366,8 @@ class Runner:
         # through); a framework script through the recipe generated from what it built, when
         # it got that far.
         traceable = spec.script if spec.mode == "recipe" else info.framework_recipe
-        measure = retrace(str(traceable)) if traceable is not None and self.env.environ.get(
-            "LAUNCH_NO_TRACE") != "1" else None
+        measure = retrace(str(traceable)) if traceable is not None and not env_flag(
+            self.env.environ, "LAUNCH_NO_TRACE") else None
 
         def fix(plan: Any, failure: Any) -> Any:
             return replan(plan, failure, can_checkpoint=can_checkpoint, measure=measure)

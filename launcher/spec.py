@@ -30,6 +30,7 @@ from launcher.plan.plan import CHECKPOINTING, OPTIMIZERS, PRECISIONS, STRATEGIES
 from launcher.providers import names as provider_names
 from launcher.script_info import ScriptInfo
 from launcher.status import UsageError
+from launcher.userfiles import CONFIG_LIMIT, read_text
 
 #: Keys a recipe's LAUNCH dict may set, with their types (bool before int: bool is an int).
 LAUNCH_KEYS: dict[str, type | tuple[type, ...]] = {
@@ -184,14 +185,9 @@ def load_config(cwd: Path, keys: Mapping[str, ConfigKey] | None = None) -> tuple
     for folder in (cwd, *cwd.parents):
         for name in ("launch.toml", "pyproject.toml"):
             path = folder / name
-            try:
-                if not path.is_file():
-                    continue
-                data: Any = tomllib.loads(path.read_text(encoding="utf-8"))
-            except ValueError as exc:  # TOMLDecodeError, UnicodeDecodeError, a 5000-digit int
-                raise UsageError(f"{path}: not valid TOML: {' '.join(str(exc).split())}") from None
-            except OSError as exc:
-                raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
+            data: Any = _read_toml(path)
+            if data is None:
+                continue
             table = ""
             if name == "pyproject.toml":
                 tool = data.get("tool")
@@ -207,6 +203,43 @@ def load_config(cwd: Path, keys: Mapping[str, ConfigKey] | None = None) -> tuple
                     keys = config_keys()
             return _checked(data, path, table, keys), path
     return Config(), None
+
+
+#: The deepest a config file's values may nest: its settings are scalars (a provider's at most a
+#: table of them); a file nested deeper is refused before anything walks it (repr, json.dumps
+#: and tomllib itself recurse).
+MAX_CONFIG_DEPTH = 32
+
+
+def _read_toml(path: Path) -> dict[str, Any] | None:
+    """The TOML of ``path``, or None where there is no such file (or a folder of that name).
+    Read bounded (``userfiles.read_text``: a regular file of at most ``CONFIG_LIMIT`` bytes, so a
+    FIFO, a device or a huge file is a one-line refusal); nesting deeper than
+    ``MAX_CONFIG_DEPTH`` is refused too."""
+    try:
+        if not path.exists() or path.is_dir():
+            return None
+    except OSError:  # a name too long, a symlink loop: read_text says which
+        pass
+    text = read_text(path, "config file", CONFIG_LIMIT, f"fix or remove {path.name}")
+    too_deep = UsageError(f"{path}: nested deeper than {MAX_CONFIG_DEPTH} levels",
+                          "write its settings as key = value")
+    try:
+        data: dict[str, Any] = tomllib.loads(text)
+    except ValueError as exc:  # TOMLDecodeError, a 5000-digit int
+        raise UsageError(f"{path}: not valid TOML: {' '.join(str(exc).split())}") from None
+    except RecursionError:  # tomllib recurses into nested arrays and inline tables
+        raise too_deep from None
+    stack: list[tuple[Any, int]] = [(data, 0)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > MAX_CONFIG_DEPTH:
+            raise too_deep
+        if isinstance(value, dict):
+            stack += [(v, depth + 1) for v in value.values()]
+        elif isinstance(value, list):
+            stack += [(v, depth + 1) for v in value]
+    return data
 
 
 def _checked(data: dict[str, Any], path: Path, table: str, keys: Mapping[str, ConfigKey]

@@ -16,8 +16,12 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
 import re
+import resource
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -57,8 +61,8 @@ VALID: dict[str, list[str]] = {
     "provider": ["local", "sagemaker", "vertex"], "strategy": list(STRATEGIES),
     "precision": list(PRECISIONS), "optimizer": list(OPTIMIZERS),
     "machine": ["ml.g5.xlarge", "ml.p4d.24xlarge", "a2-highgpu-1g", "local-cpu"],
-    "region": ["us-east-1", "us-central1"], "bucket": ["my-bucket"], "project": ["p-1"],
-    "service_account": ["sa@p-1.iam.gserviceaccount.com"],
+    "region": ["us-east-1", "us-central1"], "bucket": ["my-bucket"],
+    "project": ["my-project-1"], "service_account": ["sa@my-project-1.iam.gserviceaccount.com"],
     "role": ["arn:aws:iam::123456789012:role/R"], "image": ["img:1"], "timeout": ["90m", "2d"],
     "int": ["1", "2", "4", "8", "16", "64"], "float": ["0.001", "1", "100", "1e-4"],
     "count": ["1M", "125M", "7B"], "size": ["2GiB", "512MiB", "64GB"],
@@ -66,7 +70,7 @@ VALID: dict[str, list[str]] = {
 PROVIDERS = {
     "sagemaker": ["--provider", "sagemaker", "--region", "us-east-1", "--bucket", "my-bucket",
                   "--role", "arn:aws:iam::123456789012:role/R"],
-    "vertex": ["--provider", "vertex", "--region", "us-central1", "--project", "p-1",
+    "vertex": ["--provider", "vertex", "--region", "us-central1", "--project", "my-project-1",
                "--bucket", "my-bucket"],
     "local": ["--provider", "local"],
 }
@@ -257,3 +261,233 @@ def test_hostile_values_never_become_internal_errors(cli, write_script, tmp_path
     # The cases reach the planner as well as the checks (a fuzz that only ever failed would
     # prove little).
     assert statuses.get(0, 0) > CASES // 10 and statuses.get(2, 0) > CASES // 4, statuses
+
+
+# -- issue 30: the ways in that read without bound, nest without bound or name the wrong thing --
+
+
+def usage_line(result: Any, *words: str) -> str:
+    """The one stderr line of a usage error (exit 2), holding each of ``words``."""
+    assert result.status == 2, (result.status, result.stderr)
+    lines = result.stderr.split("\n")
+    assert len(lines) == 2 and lines[1] == "" and lines[0].startswith("launch: error: "), (
+        result.stderr)
+    assert "Traceback" not in result.stderr and "internal error" not in result.stderr
+    for word in words:
+        assert word in result.stderr, (word, result.stderr)
+    return result.stderr.strip()
+
+
+def plain_plan(cli: Any, write_script: Any, *flags: str, provider: str = "sagemaker",
+               environ: dict[str, str] | None = None) -> Any:
+    """`launch plan train.py --json` of a plain script for a cloud: no child process."""
+    script = write_script("print('training')\n", "train.py")
+    size = [] if "--model-config" in flags else ["--params", "1M"]
+    return cli("plan", str(script), "--json", *PROVIDERS[provider], *size, *flags,
+               environ={**ENVIRON, **(environ or {})})
+
+
+SECONDS_VARIABLES = ("LAUNCH_PROBE_TIMEOUT", "LAUNCH_TRACE_TIMEOUT", "LAUNCH_RANK_TRACE_BUDGET",
+                     "LAUNCH_CAPTURE_TIMEOUT")
+
+
+@pytest.mark.parametrize("value", ["abc", "nan", "inf", "-5", "0", "1e400", "-inf", "1e300",
+                                   "a\nb", "9" * 500])
+@pytest.mark.parametrize("variable", SECONDS_VARIABLES)
+def test_a_bad_number_of_seconds_names_its_variable(cli, write_script, variable, value):
+    line = usage_line(plain_plan(cli, write_script, environ={variable: value}), variable)
+    assert "seconds" in line or "30 days" in line
+    assert "set it to e.g. 600, or unset it" in line
+
+
+@pytest.mark.parametrize("variable", SECONDS_VARIABLES)
+def test_good_numbers_of_seconds_plan(cli, write_script, variable):
+    for value in ("600", "0.5", " 90 ", ""):
+        result = plain_plan(cli, write_script, environ={variable: value})
+        assert result.status == 0, (value, result.stderr)
+
+
+@pytest.mark.parametrize("value", ["yes", "true", "ON", "1", " on "])
+def test_launch_no_trace_takes_the_usual_spellings_of_on(cli, write_script, tmp_path, value):
+    # An architecture only a trace can size is refused, with tracing off, in one line that
+    # says so: "yes" must turn tracing off as "1" does (not be read as "trace").
+    config = tmp_path / "opt.json"
+    config.write_text(json.dumps({"model_type": "opt", "hidden_size": 64, "ffn_dim": 128,
+                                  "num_hidden_layers": 2, "num_attention_heads": 4,
+                                  "vocab_size": 256, "max_position_embeddings": 128}))
+    result = plain_plan(cli, write_script, "--model-config", str(config),
+                        environ={"LAUNCH_NO_TRACE": value})
+    usage_line(result, 'model_type "opt"', "unset LAUNCH_NO_TRACE")
+
+
+@pytest.mark.parametrize("value", ["maybe", "2", "y", "enabled", "1 1", "ja\n"])
+def test_launch_no_trace_refuses_other_values(cli, write_script, value):
+    line = usage_line(plain_plan(cli, write_script, environ={"LAUNCH_NO_TRACE": value}),
+                      "LAUNCH_NO_TRACE", "neither on nor off")
+    assert "1, true, yes or on" in line
+
+
+@pytest.mark.parametrize(("value", "status"), [("full", 0), ("FULL", 0), ("", 0), ("junk", 2),
+                                                ("shallow", 2), ("full\n2", 2)])
+def test_launch_trace_depth_takes_its_documented_value_only(cli, write_script, value, status):
+    result = plain_plan(cli, write_script, environ={"LAUNCH_TRACE_DEPTH": value})
+    if status == 2:
+        usage_line(result, "LAUNCH_TRACE_DEPTH", "is not full", "LAUNCH_TRACE_DEPTH=full")
+    else:
+        assert result.status == 0, result.stderr
+
+
+DEEP = 5000
+
+
+@pytest.mark.parametrize(("name", "text"), [
+    ("launch.toml", "a = " + "[" * DEEP + "]" * DEEP + "\n"),
+    ("launch.toml", "a = " + "{b = " * DEEP + "1" + "}" * DEEP + "\n"),
+    ("launch.toml", "steps" + ".a" * DEEP + " = 1\n"),
+    ("launch.toml", "[" + ".".join(["steps"] * DEEP) + "]\n"),
+    ("pyproject.toml", "[tool.launch]\nsteps = " + "[" * DEEP + "]" * DEEP + "\n"),
+    ("pyproject.toml", "[tool.launch]\nsteps = " + "{a = " * DEEP + "1" + "}" * DEEP + "\n"),
+])
+def test_a_config_file_nested_deep_is_one_line(cli, write_script, tmp_path, name, text):
+    (tmp_path / name).write_text(text)
+    usage_line(plain_plan(cli, write_script), f"{tmp_path / name}: nested deeper than")
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+def test_a_config_file_that_is_no_regular_file_is_one_line(cli, write_script, tmp_path, kind):
+    path = tmp_path / "launch.toml"
+    if kind == "fifo":
+        os.mkfifo(path)  # read as before, it would block for a writer that never comes
+    else:
+        path.symlink_to("/dev/zero")  # read as before, it would never end
+    usage_line(plain_plan(cli, write_script), f"{path} is not a regular file")
+
+
+def bounded_plan(runs: list[list[str]], cwd: Path, timeout: float = 60.0
+                 ) -> tuple[str, list[tuple[int, int]]]:
+    """``launch ARGS`` for each ARGS of ``runs``, one after the other in one child whose address
+    space is capped at 1 GiB (an unbounded read fails fast instead of taking the machine) and
+    whose time is bounded (a read that blocks cannot hang the test): the child's stderr and,
+    for each run, its exit status and the child's peak RSS (KiB) after it."""
+    code = (
+        "import json, resource, sys\n"
+        "from launcher.cli import main\n"
+        "peaks = []\n"
+        "for args in json.loads(sys.argv[1]):\n"
+        "    status = main(args)\n"
+        "    peaks.append([status, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss])\n"
+        "sys.stderr.write('PEAKS ' + json.dumps(peaks) + '\\n')\n"
+    )
+
+    def cap() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+
+    environ = {**os.environ, **ENVIRON, "LAUNCH_STATE_DIR": str(cwd / "state"),
+               "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    done = subprocess.run([sys.executable, "-c", code, json.dumps(runs)], cwd=cwd, env=environ,
+                          capture_output=True, text=True, timeout=timeout, preexec_fn=cap)
+    stderr, _, peaks = done.stderr.rpartition("PEAKS ")
+    assert done.returncode == 0 and peaks, (done.returncode, done.stderr[-2000:])
+    return stderr, [(status, peak) for status, peak in json.loads(peaks)]
+
+
+def model_config_args(tmp_path: Path, config: Path) -> list[str]:
+    script = tmp_path / "train.py"
+    script.write_text("print('training')\n")
+    return ["plan", str(script), "--json", *PROVIDERS["sagemaker"], "--model-config",
+            str(config)]
+
+
+@pytest.mark.parametrize("kind", ["dev-zero", "fifo"])
+def test_model_config_of_no_regular_file_is_refused_at_once(tmp_path, kind):
+    config = tmp_path / "config.json"
+    if kind == "fifo":
+        os.mkfifo(config)
+    else:
+        config = Path("/dev/zero")
+    stderr, [(status, _peak)] = bounded_plan([model_config_args(tmp_path, config)], tmp_path,
+                                             timeout=30)
+    assert status == 2 and stderr == (f"launch: error: model config {config} is not a regular "
+                                      "file (give a Hugging Face config.json file)\n"), stderr
+
+
+def test_a_huge_model_config_is_refused_and_read_bounded(tmp_path):
+    small = tmp_path / "small.json"
+    small.write_text(json.dumps(TINY_CONFIG))
+    huge = tmp_path / "config.json"
+    pad = "x" * (20 << 20)  # 20 MiB: valid JSON, a valid config, yet beyond any real one
+    huge.write_text(json.dumps({**TINY_CONFIG, "pad": pad}))
+    stderr, [(small_status, small_peak), (status, peak)] = bounded_plan(
+        [model_config_args(tmp_path, small), model_config_args(tmp_path, huge)], tmp_path)
+    assert small_status == 0 and status == 2, stderr[-2000:]
+    assert stderr == (f"launch: error: model config {huge} is larger than 16 MiB (give a "
+                      "Hugging Face config.json file)\n"), stderr[-2000:]
+    # At most the cap (16 MiB and a byte) is read; the old read took the file, its text and
+    # its parse (three times its size at least).
+    assert peak - small_peak < 24 << 10, (small_peak, peak)
+
+
+@pytest.mark.parametrize(("variable", "value", "flag"), [
+    ("LAUNCH_BUDGET", "abc", "--budget"), ("LAUNCH_MAX_ATTEMPTS", "many", "--max-attempts"),
+    ("LAUNCH_SPOT", "maybe", "--spot"),
+])
+def test_a_value_from_the_environment_names_its_variable(cli, write_script, monkeypatch,
+                                                         variable, value, flag):
+    monkeypatch.setenv(variable, value)  # click reads its envvars from os.environ
+    line = usage_line(plain_plan(cli, write_script, environ={variable: value}), variable)
+    assert f"'{flag}' ({variable})" in line
+
+
+def test_the_same_value_as_a_flag_names_the_flag_only(cli, write_script, monkeypatch):
+    monkeypatch.delenv("LAUNCH_BUDGET", raising=False)
+    line = usage_line(plain_plan(cli, write_script, "--budget", "abc"), "'--budget'")
+    assert "LAUNCH_BUDGET" not in line
+
+
+@pytest.mark.parametrize(("provider", "flag", "value", "words"), [
+    ("sagemaker", "--bucket", "Bad_Bucket", "is not an S3 bucket name"),
+    ("sagemaker", "--bucket", "ab", "is not an S3 bucket name"),
+    ("sagemaker", "--bucket", "192.168.0.1", "is not an S3 bucket name"),
+    ("sagemaker", "--bucket", "xn--bucket", "is not an S3 bucket name"),
+    ("sagemaker", "--bucket", "s3://bucket/../x", "is not an S3 bucket name"),
+    ("sagemaker", "--role", "notarole", "is not an IAM role ARN"),
+    ("sagemaker", "--role", "arn:aws:iam::1:role/../x", "is not an IAM role ARN"),
+    ("vertex", "--bucket", "Bad Bucket", "is not a Cloud Storage bucket name"),
+    ("vertex", "--bucket", "google-bucket", "is not a Cloud Storage bucket name"),
+    ("vertex", "--bucket", "a" * 64, "is not a Cloud Storage bucket name"),
+    ("vertex", "--service-account", "not-an-email", "is not an email address"),
+    ("vertex", "--service-account", "x@y", "is not an email address"),
+    ("vertex", "--service-account", "a@b.com/../c", "is not an email address"),
+    ("vertex", "--project", "p/../../x", "is not a Google Cloud project id"),
+    ("vertex", "--project", "p-1", "is not a Google Cloud project id"),
+    ("vertex", "--project", "My-Project", "is not a Google Cloud project id"),
+    ("vertex", "--project", "1project", "is not a Google Cloud project id"),
+    ("vertex", "--project", "my-project-", "is not a Google Cloud project id"),
+    ("vertex", "--project", "a" * 31, "is not a Google Cloud project id"),
+])
+def test_a_malformed_cloud_setting_stops_a_dry_run(cli, write_script, provider, flag, value,
+                                                   words):
+    # Not a note on a plan that goes on without the request: a malformed value is the user's to
+    # fix, as a malformed region is (exit 2), whichever setting it is.
+    usage_line(plain_plan(cli, write_script, flag, value, provider=provider), words)
+
+
+def test_a_malformed_project_from_the_environment_is_named(cli, write_script, monkeypatch):
+    monkeypatch.setenv("LAUNCH_PROJECT", "p/../x")
+    flags = [f for f in PROVIDERS["vertex"] if f not in ("--project", "my-project-1")]
+    script = write_script("print('training')\n", "train.py")
+    result = cli("plan", str(script), "--json", *flags, "--params", "1M",
+                 environ={**ENVIRON, "LAUNCH_PROJECT": "p/../x"})
+    usage_line(result, "project 'p/../x'", "LAUNCH_PROJECT", "not a Google Cloud project id")
+
+
+@pytest.mark.parametrize(("provider", "flag", "value"), [
+    ("sagemaker", "--bucket", "s3://my.bucket-1/"), ("sagemaker", "--role",
+                                                     "arn:aws:iam::123456789012:role/a/b/R"),
+    ("vertex", "--bucket", "gs://my_bucket.example/runs"),
+    ("vertex", "--service-account", "123456789-compute@developer.gserviceaccount.com"),
+    ("vertex", "--project", "abcdef"), ("vertex", "--project", "a" * 30),
+])
+def test_well_formed_cloud_settings_still_plan(cli, write_script, provider, flag, value):
+    result = plain_plan(cli, write_script, flag, value, provider=provider)
+    assert result.status == 0, result.stderr

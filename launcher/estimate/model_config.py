@@ -17,6 +17,7 @@ from typing import Any
 
 from launcher.estimate.analytic import ModelShape
 from launcher.status import UsageError
+from launcher.userfiles import CONFIG_LIMIT, read_text
 
 #: model_type values of decoder LLMs whose layers look like Llama's (RMSNorm, RoPE, GQA, SwiGLU).
 LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe", "gemma", "phi3")
@@ -297,19 +298,22 @@ def load_config(path: Path, *, seq_len: int | None = None, attention: str | None
 
 def read_config(path: Path) -> dict[str, Any]:
     """``--model-config``'s JSON object (also what estimate/hf_recipe.py writes its recipe
-    from): a UsageError naming the file for anything else."""
+    from): a UsageError naming the file for anything else. Read bounded
+    (``userfiles.read_text``): a regular file of at most ``CONFIG_LIMIT`` bytes, so
+    ``/dev/zero``, a FIFO or a 1 GB file is a one-line refusal, not an unbounded read."""
     try:
-        if path.is_dir():
-            inside = path / "config.json"
-            raise UsageError(f"--model-config {path} is a folder",
-                             f"give the file: --model-config {inside}" if inside.is_file()
-                             else "give a Hugging Face config.json file")
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise UsageError(f"model config not found: {path}") from None
-    except OSError as exc:
-        raise UsageError(f"cannot read model config {path}: {exc.strerror or exc}") from None
-    except (ValueError, RecursionError) as exc:  # not JSON, not UTF-8, nested too deeply
+        folder = path.is_dir()
+    except OSError:  # a name too long: read_text says so
+        folder = False
+    if folder:
+        inside = path / "config.json"
+        raise UsageError(f"--model-config {path} is a folder",
+                         f"give the file: --model-config {inside}" if inside.is_file()
+                         else "give a Hugging Face config.json file")
+    text = read_text(path, "model config", CONFIG_LIMIT, "give a Hugging Face config.json file")
+    try:
+        config = json.loads(text)
+    except (ValueError, RecursionError) as exc:  # not JSON, nested too deeply
         detail = " ".join(str(exc).split()) or type(exc).__name__
         raise UsageError(f"{path}: not a JSON config ({detail[:200]})") from None
     if not isinstance(config, dict):

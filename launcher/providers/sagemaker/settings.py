@@ -10,14 +10,20 @@ from dataclasses import dataclass
 from typing import Any
 
 from launcher.providers.base import JobState, JobStatus, checked_duration
-from launcher.status import UsageError
+from launcher.status import BadValue, UsageError
 
 #: The job name rule of the CreateTrainingJob API.
 JOB_NAME = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")
 JOB_NAME_MAX = 63
 JOB_PREFIX_MAX = 20
-ROLE_ARN = re.compile(r"^arn:aws[a-z\-]*:iam::\d{12}:role/?[a-zA-Z_0-9+=,.@\-_/]+$")
-BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+ROLE_ARN = re.compile(r"arn:aws[a-z\-]*:iam::[0-9]{12}:role/?[a-zA-Z_0-9+=,.@\-_/]+")
+#: S3's bucket naming rules: 3 to 63 lowercase letters, digits, dots and hyphens, starting and
+#: ending with a letter or digit, no two dots together, not an IP address, and none of the
+#: prefixes and suffixes S3 keeps for itself.
+BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
+_IP_ADDRESS = re.compile(r"[0-9]{1,3}(?:\.[0-9]{1,3}){3}")
+_RESERVED_PREFIXES = ("xn--", "sthree-", "amzn-s3-demo-")
+_RESERVED_SUFFIXES = ("-s3alias", "--ol-s3", ".mrap", "--x-s3", "--table-s3")
 S3_PREFIX = re.compile(r"^[A-Za-z0-9!_.*'()/-]*$")
 
 #: SageMaker's defaults: one day of runtime (the API's own default), a 30 GB volume (the SDK's).
@@ -29,6 +35,11 @@ DEFAULT_VOLUME_GB = 30
 PENDING_SECONDARY = frozenset({"Starting", "Pending", "LaunchingMLInstances",
                                "PreparingTrainingStack"})
 _EXIT_CODE = re.compile(r"exit code:?\s*(-?\d+)", re.IGNORECASE)
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _number(value: Any, kind: type, name: str) -> Any:
@@ -116,16 +127,20 @@ class SageMakerSettings:
         return made
 
     def validate(self) -> None:
-        """Formats only: a missing role or bucket is reported by the dry run that needs it."""
-        if self.role is not None and not ROLE_ARN.match(self.role):
-            raise UsageError(f"--role {self.role!r} is not an IAM role ARN",
-                             "give the full ARN, like arn:aws:iam::123456789012:role/SageMakerRole")
+        """Formats only: a missing role or bucket is reported by the dry run that needs it; a
+        malformed role or bucket is a :class:`BadValue` (exit 2, also in a dry run), as a
+        malformed region is."""
+        if self.role is not None and not ROLE_ARN.fullmatch(self.role):
+            raise BadValue(f"--role {_shown(self.role)} is not an IAM role ARN",
+                           "give the full ARN, like arn:aws:iam::123456789012:role/SageMakerRole")
         if self.bucket is not None:
             bucket = self.bucket.removeprefix("s3://").rstrip("/")
-            if "/" in bucket or not BUCKET.match(bucket) or ".." in bucket:
-                raise UsageError(f"--bucket {self.bucket!r} is not an S3 bucket name",
-                                 "3 to 63 lowercase letters, digits, dots and hyphens (no s3:// "
-                                 "path; set s3_prefix for a folder)")
+            if ("/" in bucket or not BUCKET.fullmatch(bucket) or ".." in bucket
+                    or _IP_ADDRESS.fullmatch(bucket) or bucket.startswith(_RESERVED_PREFIXES)
+                    or bucket.endswith(_RESERVED_SUFFIXES)):
+                raise BadValue(f"--bucket {_shown(self.bucket)} is not an S3 bucket name",
+                               "3 to 63 lowercase letters, digits, dots and hyphens; no s3:// "
+                               "path: set s3_prefix for a folder")
         if not S3_PREFIX.match(self.s3_prefix) or len(self.s3_prefix) > 200:
             raise UsageError(f"s3_prefix {self.s3_prefix!r} has characters S3 keys should not")
         prefix = self.job_prefix

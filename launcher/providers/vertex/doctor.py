@@ -26,7 +26,7 @@ from launcher.providers.checks import (
     one_line,
     within,
 )
-from launcher.status import LaunchError, UsageError
+from launcher.status import LaunchError
 
 #: Override the Cloud Quotas and IAM endpoints (``http://HOST:PORT``: a loopback test server,
 #: called without credentials).
@@ -70,17 +70,16 @@ class VertexChecks(Checks):
 
     def run(self) -> None:
         from launcher.providers.vertex import _gcp
-        from launcher.providers.vertex.names import parse_bucket
+        from launcher.providers.vertex.names import check_service_account, parse_bucket
 
         bucket: str | None = None
         prefix = ""
         raw_bucket = self.settings.get("bucket") or self.environ.get("LAUNCH_BUCKET")
         if raw_bucket:
-            bucket, prefix = parse_bucket(str(raw_bucket))  # malformed: UsageError, exit 2
+            bucket, prefix = parse_bucket(str(raw_bucket))  # malformed: BadValue, exit 2
         account = self.settings.get("service_account")
-        if account is not None and "@" not in str(account):
-            raise UsageError(f"service account {account!r} is not an email address",
-                             "pass --service-account NAME@PROJECT.iam.gserviceaccount.com")
+        if account is not None:
+            account = check_service_account(account)  # malformed: BadValue, exit 2
         endpoints = [_gcp.parse_endpoint(self.environ.get(v)) for v in
                      ("LAUNCH_VERTEX_ENDPOINT", "LAUNCH_LOGGING_ENDPOINT")]
         loopback = all(e.anonymous for e in endpoints)
@@ -143,8 +142,15 @@ class VertexChecks(Checks):
                     ("LAUNCH_PROJECT", "GOOGLE_CLOUD_PROJECT", "CLOUDSDK_CORE_PROJECT",
                      "GCLOUD_PROJECT")]
         sources.append(("the application-default credentials", adc_project))
+        from launcher.providers.vertex.names import check_project
+
         for source, value in sources:
             if value:
+                try:
+                    check_project(value, source)
+                except LaunchError as exc:  # as a malformed region: a failed check
+                    self.add("project", "fail", exc.message, exc.hint)
+                    return None
                 self.add("project", "ok", f"{value} (from {source})")
                 return str(value)
         self.add("project", "fail", "no Google Cloud project",

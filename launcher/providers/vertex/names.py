@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from launcher.providers.base import JobState, checked_duration, checked_region
-from launcher.status import UsageError
+from launcher.status import BadValue, UsageError
 
 DEFAULT_PREFIX = "launch"
 #: Vertex AI's own default and maximum run time for a custom job is 7 days.
@@ -23,7 +23,18 @@ REGION_SHAPE = ("lowercase words joined by hyphens and ending in a number, like 
                 "europe-west4")
 JOB_NAME = re.compile(r"^projects/([^/]+)/locations/([a-z]+(?:-[a-z]+)+[0-9]{1,2})/customJobs/"
                       r"([0-9]+)$")
-BUCKET_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]$")
+#: Cloud Storage's bucket naming rules: 3 to 63 lowercase letters, digits, hyphens, underscores
+#: and dots (up to 222 with dots, each dot-separated part at most 63), starting and ending with a
+#: letter or digit; not an IP address, not starting with "goog", not holding "google".
+BUCKET_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]")
+_IP_ADDRESS = re.compile(r"[0-9]{1,3}(?:\.[0-9]{1,3}){3}")
+#: A Google Cloud project id: 6 to 30 lowercase letters, digits and hyphens, starting with a
+#: letter, not ending with a hyphen. It becomes part of every resource name
+#: (``projects/PROJECT/locations/...``), so nothing else may pass.
+PROJECT_ID = re.compile(r"[a-z][a-z0-9-]{4,28}[a-z0-9]")
+#: A service account's email: NAME@PROJECT.iam.gserviceaccount.com, or a Google-managed one
+#: (PROJECT_NUMBER-compute@developer.gserviceaccount.com): a name and a dotted domain.
+SERVICE_ACCOUNT = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9._+-]{0,63}@[a-z0-9-]+(?:\.[a-z0-9-]+)+")
 
 #: Vertex AI job states -> the launcher's.
 STATES = {
@@ -36,14 +47,46 @@ STATES = {
 }
 
 
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 def parse_bucket(value: str) -> tuple[str, str]:
-    """``NAME`` or ``gs://NAME/PREFIX`` -> (name, prefix); the prefix defaults to ``launch``."""
+    """``NAME`` or ``gs://NAME/PREFIX`` -> (name, prefix); the prefix defaults to ``launch``.
+    A name that breaks Cloud Storage's naming rules is a :class:`BadValue` (exit 2, also in a
+    dry run): it becomes part of paths and URLs."""
     text = value.strip().removeprefix("gs://").strip("/")
     name, _, prefix = text.partition("/")
-    if not BUCKET_NAME.fullmatch(name) or ".." in name:
-        raise UsageError(f"{value!r} is not a Cloud Storage bucket name",
-                         "pass --bucket NAME or gs://NAME/PREFIX")
+    if (not BUCKET_NAME.fullmatch(name) or ".." in name or _IP_ADDRESS.fullmatch(name)
+            or ("." not in name and len(name) > 63)
+            or any(len(part) > 63 for part in name.split("."))
+            or name.startswith("goog") or "google" in name):
+        raise BadValue(f"{_shown(value)} is not a Cloud Storage bucket name",
+                       "pass --bucket NAME or gs://NAME/PREFIX: 3 to 63 lowercase letters, "
+                       "digits, hyphens, underscores and dots")
     return name, prefix.strip("/") or DEFAULT_PREFIX
+
+
+def check_project(project: Any, source: str = "") -> str:
+    """``project`` when it is a Google Cloud project id (else a :class:`BadValue` naming it and
+    where it came from: it becomes part of every resource name)."""
+    if not isinstance(project, str) or not PROJECT_ID.fullmatch(project):
+        where = f" (from {source})" if source else ""
+        raise BadValue(f"project {_shown(project)}{where} is not a Google Cloud project id",
+                       "6 to 30 lowercase letters, digits and hyphens, starting with a letter, "
+                       "like my-project-123")
+    return project
+
+
+def check_service_account(account: Any) -> str:
+    """``account`` when it is shaped like a service account's email (else a :class:`BadValue`
+    naming it: it goes into the job's request as it is)."""
+    if (not isinstance(account, str) or len(account) > 254
+            or not SERVICE_ACCOUNT.fullmatch(account)):
+        raise BadValue(f"service account {_shown(account)} is not an email address",
+                       "pass --service-account NAME@PROJECT.iam.gserviceaccount.com")
+    return account
 
 
 def parse_duration(value: Any) -> int:
