@@ -1,7 +1,7 @@
 """Named fault points, so that tests can stop `launch` at an exact instant instead of by luck.
 
 ``LAUNCH_FAULT=NAME[@N][:ACTION]`` makes the Nth time (default: the first) this process passes
-``point(NAME)`` do ACTION:
+``point(NAME)`` do ACTION; ``NAME*N`` makes each of the first N times do it:
 
 - ``kill`` (the default): SIGKILL this process, as a crash or ``kill -9`` would, mid-step;
 - ``enospc``: raise ``OSError(ENOSPC)``, as a full disk would, at a state write.
@@ -39,10 +39,14 @@ def point(name: str, path: Path | str | None = None) -> None:
         return
     where, _, action = spec.partition(":")
     wanted, _, nth = where.partition("@")
+    wanted, _, first = wanted.partition("*")
     if wanted != name:
         return
     _hits[name] = _hits.get(name, 0) + 1
-    if _hits[name] != (int(nth) if nth.isdigit() else 1):
+    if first.isdigit():
+        if _hits[name] > int(first):
+            return
+    elif _hits[name] != (int(nth) if nth.isdigit() else 1):
         return
     if action == "enospc":
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path or ""))

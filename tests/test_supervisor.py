@@ -403,9 +403,30 @@ def test_a_plain_script_s_output_and_errors_are_logged_in_the_order_written(cli,
     result = cli(str(script), "--params", "9", "--json", "--max-attempts", "1")
     assert result.status != 0
     log = tmp_path / "state" / "runs" / result.json()["run_id"] / "attempt-1" / "output.log"
-    lines = [line.split(":", 1)[1] for line in log.read_text().splitlines()
-             if line.startswith("[rank0]:") and line.split(":", 1)[1][:4] in ("out ", "err ")]
+    lines = [line for line in log.read_text().splitlines() if line[:4] in ("out ", "err ")]
     assert lines == [f"{kind} {i}" for i in range(300) for kind in ("out", "err")]
+
+
+NANOGPT_STYLE = """
+import os
+# nanoGPT's train.py: torchrun's RANK means "this is a DDP run"
+ddp = int(os.environ.get('RANK', -1)) != -1
+if ddp:
+    raise SystemExit("took the DDP branch: init_process_group(backend='nccl') would fail here")
+print(f"single process, WORLD_SIZE={os.environ.get('WORLD_SIZE')}", flush=True)
+"""
+
+
+def test_one_process_of_a_plain_script_runs_as_python_script_would(cli, tmp_path):
+    """torchrun sets RANK even for one process, and nanoGPT reads it as "DDP": on a CPU it died
+    with "Distributed package doesn't have NCCL built in" (issue 28). One process of a user's
+    own script now runs as `python train.py`; two still go through torchrun."""
+    script = tmp_path / "train.py"
+    script.write_text(NANOGPT_STYLE)
+    result = cli(str(script), "--params", "9", "--json")
+    assert result.status == 0, result.stderr
+    log = cli("logs", result.json()["run_id"]).stdout
+    assert "single process, WORLD_SIZE=None" in log
 
 
 # -- issue 30: interrupts, crashes at every step, moved and deleted folders ----------------------

@@ -151,18 +151,27 @@ class LocalProvider(Provider):
         if plan.nodes != 1:
             raise UsageError("the local provider runs on one node")
         entry = job.rendered.entrypoint
-        # A rendered script lives in the job folder; a plain script runs from its own folder.
-        entrypoint = job.job_dir / entry if entry in job.rendered.files else job.code_dir / entry
-        argv = [
-            self.python, "-m", "torch.distributed.run", "--standalone",
-            "--nproc_per_node", str(plan.gpus_per_node),
-            # torchrun prefixes each line with "[<role><local rank>]:"; one node, so local = global.
-            "--role", "rank", "--tee", "3", "--log-dir", str(job.attempt_dir / "torchrun"),
-            # A plain script runs through a shim that puts its stderr on its stdout (the
-            # rendered scripts do it themselves): the log in the order the script wrote it.
-            *([str(entrypoint)] if entry in job.rendered.files
-              else ["-m", "launcher.providers.local_stdio", str(entrypoint)]),
-        ]
+        rendered = entry in job.rendered.files
+        # A rendered script lives in the job folder; a plain script runs from its own folder,
+        # through a shim that puts its stderr on its stdout (the rendered scripts do it
+        # themselves): the log in the order the script wrote it.
+        entrypoint = job.job_dir / entry if rendered else job.code_dir / entry
+        script = [str(entrypoint)] if rendered else [
+            "-m", "launcher.providers.local_stdio", str(entrypoint)]
+        if not rendered and plan.world_size == 1:
+            # One process of a user's own script runs as `python SCRIPT` would: torchrun would
+            # set RANK and WORLD_SIZE, and a script that reads them (nanoGPT's `ddp =
+            # int(os.environ.get('RANK', -1)) != -1`) takes its distributed branch.
+            argv = [self.python, *script]
+        else:
+            argv = [
+                self.python, "-m", "torch.distributed.run", "--standalone",
+                "--nproc_per_node", str(plan.gpus_per_node),
+                # torchrun prefixes each line with "[<role><local rank>]:"; one node, so local
+                # = global.
+                "--role", "rank", "--tee", "3", "--log-dir", str(job.attempt_dir / "torchrun"),
+                *script,
+            ]
         env = {
             **job.rendered.env,
             "LAUNCH_CHECKPOINT_DIR": str(job.checkpoint_dir),
