@@ -208,12 +208,14 @@ class Runner:
 
     def _plan(self, options: dict[str, Any], origins: dict[str, str], dry_run: bool,
               progress: Progress) -> PlannedRun:
+        from launcher.options import check_environment
         from launcher.preflight import preflight
         from launcher.providers import PLANNED, REGISTRY, get_provider
         from launcher.recipe import inspect_script
         from launcher.spec import build_spec, check_options
 
         env = self.env
+        check_environment(env.environ)  # a bad LAUNCH_* value is refused before any child runs
         check_options({"provider": options.get("provider")}, origins)  # named where it came from
         script = options.get("script")
         if script is None:  # `launch plan --params 7B`: sizing a model before its script exists
