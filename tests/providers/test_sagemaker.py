@@ -515,6 +515,61 @@ def test_success_uploads_once_creates_and_follows_every_line(tmp_path, aws_env, 
     assert len(fake.jobs) == 1
 
 
+@pytest.mark.parametrize("checksum", [None, "SHA256"])
+def test_an_object_planted_at_the_package_key_is_neither_used_nor_overwritten(
+        tmp_path, aws_env, fake, moto, checksum):
+    """Jobs can write the bucket, so something else may sit at the package's key: the same
+    size and the same x-amz-meta-sha256, other bytes (with S3's SHA-256 checksum of them, or
+    none). It is not reused nor overwritten: the package goes to a key of its own, which the
+    job's code channel reads, request.json records and the job's first log lines say."""
+    fake.push(success(steps=1, gpus=8))
+    p = provider(aws_env)
+    job = make_job(tmp_path)
+    request = p.dryrun(job)
+    package = request.package
+    planted = bytes(b ^ 0xFF for b in package.data)
+    s3 = moto_client("s3", moto)
+    s3.put_object(Bucket=BUCKET, Key=package.key, Body=planted, ContentType="application/gzip",
+                  Metadata={"sha256": package.sha256},
+                  **({"ChecksumAlgorithm": checksum} if checksum else {}))
+
+    job_id = p.schedule(request)
+    channel = fake.jobs[job_id].request["InputDataConfig"][0]["DataSource"]["S3DataSource"]
+    uri = channel["S3Uri"]
+    assert uri != package.channel_uri and uri.startswith(package.channel_uri.rstrip("/") + "-")
+    files = archive(uri + "sourcedir.tar.gz", moto)
+    assert set(files) == set(package.files)
+    assert files["launch_train.py"] == job.rendered.files["launch_train.py"].encode()
+    assert s3.get_object(Bucket=BUCKET, Key=package.key)["Body"].read() == planted
+
+    recorded = json.loads((job.attempt_dir / "request.json").read_text())
+    assert recorded["code_package"]["s3_uri"] == uri + "sourcedir.tar.gz"
+    assert recorded["code_package"]["instead_of"] == package.s3_uri
+    lines, _cursor = p.logs(job_id)
+    assert lines[0].startswith(f"[sagemaker] {package.s3_uri} holds other bytes"), lines
+    assert uri in lines[0]
+
+
+def test_an_older_launch_s_upload_without_a_sha256_checksum_is_reused_by_its_bytes(
+        tmp_path, aws_env, fake, moto):
+    """An upload of the package before launch sent SHA-256 checksums: S3 vouches for no hash
+    of it, so its bytes (the package's size, so bounded) are compared; they are the package's,
+    so it is reused as it is."""
+    fake.push(success(steps=1, gpus=8))
+    p = provider(aws_env)
+    request = p.dryrun(make_job(tmp_path))
+    package = request.package
+    s3 = moto_client("s3", moto)
+    s3.put_object(Bucket=BUCKET, Key=package.key, Body=package.data,
+                  ContentType="application/gzip", Metadata={"sha256": package.sha256})
+    before = s3.head_object(Bucket=BUCKET, Key=package.key)["LastModified"]
+    job_id = p.schedule(request)
+    assert fake.jobs[job_id].request == json.loads(json.dumps(request.kwargs))
+    assert s3.head_object(Bucket=BUCKET, Key=package.key)["LastModified"] == before
+    folder = package.key.rsplit("/", 1)[0]
+    assert s3.list_objects_v2(Bucket=BUCKET, Prefix=folder + "-")["KeyCount"] == 0  # no other
+
+
 def test_cuda_oom_on_one_of_16_ranks_stops_the_hanging_job_and_resubmits(
         tmp_path, aws_env, fake, moto):
     from launcher.remedies import replan

@@ -540,6 +540,45 @@ def test_submit_stages_once_per_hash_and_creates_the_job_as_requested(
     assert len(fake.jobs) == 2
 
 
+def test_an_object_planted_under_the_staged_name_is_neither_used_nor_overwritten(
+        fake, storage_emulator, storage, bucket, tmp_path):
+    """Jobs can write the bucket, so something else may sit under an archive's name: same size,
+    other bytes. It is not reused (Cloud Storage's md5Hash of it is not the archive's) nor
+    overwritten (uploads are create-only): the archive goes to a fresh name, which the job is
+    created with, request.json records, and the job's first log lines say."""
+    from launcher.providers.vertex import _gcp
+
+    provider = provider_for(fake, storage_emulator, bucket)
+    job = make_job(tmp_path)
+    code = provider.dryrun(job).staging[0]
+    true_bytes = io.BytesIO()
+    _gcp.write_archive(code, true_bytes)
+    planted_bytes = bytes(b ^ 0xFF for b in true_bytes.getvalue())  # the same size
+    planted = storage.bucket(bucket).blob(code.uri.split("/", 3)[3])
+    planted.upload_from_string(planted_bytes, content_type="application/gzip")
+    planted.reload()
+
+    _request, job_id = provider.submit(job)
+    (created,) = fake.calls_to("CreateCustomJob")
+    env = {e.name: e.value for e in created.request.custom_job.job_spec.worker_pool_specs[0]
+           .container_spec.env}
+    code_uri = env["LAUNCH_STAGED"].split()[0]
+    stem = code.uri.removesuffix(".tar.gz")
+    assert code_uri.startswith(stem + "/") and code_uri.endswith(f"-{code.sha256[:32]}.tar.gz")
+    assert read_archive(storage, code_uri) == {
+        "code/train.py": textwrap.dedent(TINY_RECIPE).encode()}
+    again = storage.bucket(bucket).get_blob(planted.name)
+    assert again.generation == planted.generation
+    assert again.download_as_bytes() == planted_bytes
+
+    recorded = json.loads((job.attempt_dir / "request.json").read_text())
+    assert recorded["staging"][0]["uri"] == code_uri
+    assert recorded["staging"][0]["instead_of"] == code.uri
+    lines, _cursor = provider.logs(job_id)
+    assert any(line.startswith(f"[vertex] {code.uri} holds other bytes") and code_uri in line
+               for line in lines), lines
+
+
 @pytest.mark.parametrize("transport", ["rest", "grpc"])
 @pytest.mark.parametrize("after", [True, False], ids=["job-made", "job-not-made"])
 def test_unavailable_on_create_never_makes_a_second_job(fake, storage_emulator, bucket, tmp_path,

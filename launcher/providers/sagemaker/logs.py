@@ -175,6 +175,7 @@ class SageMakerLogs:
         last (the templates write their out-of-memory report there too, so that line carries the
         ``{"launch": "oom"}`` event even when the log lost it)."""
         state = _Cursor.load(cursor)
+        notes = self._notes.pop(job_id, [])  # launch's own lines (a re-uploaded package)
         description = self._describe(job_id)
         transitions = description.get("SecondaryStatusTransitions") or []
         terminal = description.get("TrainingJobStatus") in ("Completed", "Failed", "Stopped")
@@ -215,7 +216,7 @@ class SageMakerLogs:
                 lines += [f"[sagemaker] FailureReason: {part}"
                           for part in reason.splitlines() if part.strip()]
             state.final = True
-        return lines, state.dump()
+        return notes + lines, state.dump()
 
     def _read_streams(self, job_id: str, state: _Cursor,
                       events: list[tuple[float, tuple[int, str], int, str]],

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import base64
 import gzip
 import hashlib
 import io
 import json
 import tarfile
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -50,6 +51,9 @@ class CodePackage:
     replaced: tuple[str, ...] = ()  # user files with the name of a rendered one (ours win)
     data: bytes = field(default=b"", repr=False, compare=False)
     upload: Selection | None = field(default=None, repr=False, compare=False)  # the code folder
+    #: The S3 URI it was uploaded instead of, an object launch did not write holding that key
+    #: (see ``SageMakerProvider._upload``); "" when at its own key.
+    instead_of: str = ""
 
     @property
     def s3_uri(self) -> str:
@@ -60,10 +64,24 @@ class CodePackage:
         """The folder holding only this archive: the ``code`` channel's S3 prefix."""
         return f"s3://{self.bucket}/{self.key.rsplit('/', 1)[0]}/"
 
+    @property
+    def sha256_base64(self) -> str:
+        """The SHA-256 as S3 gives it (``ChecksumSHA256``)."""
+        return base64.b64encode(bytes.fromhex(self.sha256)).decode("ascii")
+
+    def elsewhere(self, token: str) -> CodePackage:
+        """The same package under a folder of its own beside its usual one
+        (``code/<hash>-<token>/``): not under it, which is the usual key's channel prefix."""
+        folder, name = self.key.rsplit("/", 1)
+        return replace(self, key=f"{folder}-{token}/{name}", instead_of=self.s3_uri)
+
     def to_dict(self) -> dict[str, Any]:
-        return {"s3_uri": self.s3_uri, "sha256": self.sha256, "size_bytes": self.size_bytes,
+        data = {"s3_uri": self.s3_uri, "sha256": self.sha256, "size_bytes": self.size_bytes,
                 "entrypoint": self.entrypoint, "files": list(self.files),
                 "replaced": list(self.replaced)}
+        if self.instead_of:
+            data["instead_of"] = self.instead_of
+        return data
 
 
 def _relative_to(path: str, code_dir: Path, what: str) -> str:

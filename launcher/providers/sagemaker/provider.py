@@ -42,13 +42,14 @@ hyperparameters, the environment or the tags (the job gets the role's credential
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
 import re
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -111,6 +112,15 @@ class SageMakerRequest:
                 **({"upload": self.package.upload.to_dict()} if self.package.upload else {})}
 
 
+def _repackaged(request: SageMakerRequest, package: CodePackage) -> SageMakerRequest:
+    """``request`` with the code channel reading ``package`` (uploaded under another key)."""
+    kwargs = json.loads(json.dumps(request.kwargs))
+    for channel in kwargs["InputDataConfig"]:
+        if channel["ChannelName"] == CODE_CHANNEL:
+            channel["DataSource"]["S3DataSource"]["S3Uri"] = package.channel_uri
+    return replace(request, kwargs=kwargs, package=package)
+
+
 def _metric_definitions() -> list[dict[str, str]]:
     """Rank 0's numbers from the templates' metrics lines, as SageMaker metrics (console graphs
     and CloudWatch), read from the JSON the template prints."""
@@ -169,6 +179,7 @@ class SageMakerProvider(SageMakerLogs, Provider):
         self._queried: dict[str, float] = {}  # job -> when its event channel was last asked
         self._listed: dict[str, float] = {}   # job -> when its log streams were last listed
         self._no_events = False  # FilterLogEvents was denied: the full log only
+        self._notes: dict[str, list[str]] = {}  # job -> launch's own lines for the next logs()
 
     @classmethod
     def from_settings(cls, settings: dict[str, Any], environ: dict[str, str] | None = None
@@ -347,13 +358,21 @@ class SageMakerProvider(SageMakerLogs, Provider):
         """Upload the package (unless that hash is there), then create the job. Idempotent: the
         name is fixed per run and attempt, and a create that AWS may have executed before the
         connection broke or the call was throttled is followed by a describe that adopts it."""
+        from launcher.runs import write_json
+
         aws = self._aws()
         if request.record_dir:
-            from launcher.runs import write_json
-
             write_json(Path(request.record_dir) / "request.json", request.to_dict())
         self._check_role(aws, request.kwargs["RoleArn"])
-        self._upload(aws, request.package)
+        package = self._upload(aws, request.package)
+        if package != request.package:  # another object held its key: see _upload
+            request = _repackaged(request, package)
+            if request.record_dir:
+                write_json(Path(request.record_dir) / "request.json", request.to_dict())
+            self._notes.setdefault(request.job_name, []).append(
+                f"[sagemaker] {package.instead_of} holds other bytes than launch uploaded there "
+                f"(someone who can write the bucket put them); the job reads {package.s3_uri} "
+                "instead. Delete that object so that later launches reuse one upload")
         name = request.job_name
         sagemaker = aws.client("sagemaker")
         try:
@@ -413,29 +432,75 @@ class SageMakerProvider(SageMakerLogs, Provider):
                                     ) from None
             return
 
-    def _upload(self, aws: Any, package: CodePackage) -> bool:
-        """Put the archive at its content-addressed key unless it is there; True if uploaded."""
+    def _upload(self, aws: Any, package: CodePackage) -> CodePackage:
+        """Put the archive at its content-addressed key unless an object with its very bytes is
+        there; return the package as uploaded: at its own key, or at a fresh one.
+
+        Whoever can write the bucket (every job's role can) can put other bytes under the key,
+        with the size and the ``x-amz-meta-sha256`` of ours: metadata is the writer's word. What
+        S3 vouches for is the ``ChecksumSHA256`` it verified on upload (launch uploads with one):
+        an object is reused when that is the package's SHA-256; one without a SHA-256 checksum
+        (an upload by an older launch) when it has the package's size and, downloaded, its
+        bytes. Otherwise the package goes to ``code/<hash>-<random>/``, a key nobody can have
+        taken before. Every upload is create-only (``If-None-Match: *``): an object launch did
+        not write is never overwritten, and two launches racing for a key cannot overwrite each
+        other."""
+        import secrets
+
         from launcher.providers.sagemaker._aws import error_code
 
         s3 = aws.client("s3")
-        try:
-            head = s3.head_object(Bucket=package.bucket, Key=package.key)
-            if (head.get("ContentLength") == package.size_bytes
-                    and (head.get("Metadata") or {}).get("sha256") == package.sha256):
+
+        def holds_it(key: str) -> bool | None:
+            """Whether ``key`` holds the package's bytes; None when there is no such object."""
+            try:
+                head = s3.head_object(Bucket=package.bucket, Key=key, ChecksumMode="ENABLED")
+            except Exception as exc:
+                if error_code(exc) in ("404", "NoSuchKey", "NotFound"):
+                    return None
+                raise self._error(exc, f"reading s3://{package.bucket}/{key}") from None
+            if head.get("ContentLength") != package.size_bytes:
                 return False
-        except Exception as exc:
-            if error_code(exc) not in ("404", "NoSuchKey", "NotFound"):
-                raise self._error(exc, f"reading {package.s3_uri}") from None
-        try:
-            s3.put_object(Bucket=package.bucket, Key=package.key, Body=package.data,
-                          ContentType="application/gzip", Metadata={"sha256": package.sha256})
-        except Exception as exc:
-            if error_code(exc) == "NoSuchBucket":
-                raise ProviderError(f"the S3 bucket {package.bucket} does not exist",
-                                    f"create it in {self.region} or pass another --bucket"
-                                    ) from None
-            raise self._error(exc, f"uploading the code to {package.s3_uri}") from None
-        return True
+            if head.get("ChecksumSHA256"):
+                return head["ChecksumSHA256"] == package.sha256_base64
+            try:
+                body = s3.get_object(Bucket=package.bucket, Key=key)["Body"].read()
+            except Exception as exc:
+                raise self._error(exc, f"reading s3://{package.bucket}/{key}") from None
+            return hashlib.sha256(body).hexdigest() == package.sha256
+
+        def create(target: CodePackage) -> bool:
+            try:
+                s3.put_object(Bucket=target.bucket, Key=target.key, Body=target.data,
+                              ContentType="application/gzip", Metadata={"sha256": target.sha256},
+                              ChecksumAlgorithm="SHA256", ChecksumSHA256=target.sha256_base64,
+                              IfNoneMatch="*")
+            except Exception as exc:
+                if error_code(exc) in ("PreconditionFailed", "ConditionalRequestConflict"):
+                    return False  # someone created it first
+                if error_code(exc) == "NoSuchBucket":
+                    raise ProviderError(f"the S3 bucket {target.bucket} does not exist",
+                                        f"create it in {self.region} or pass another --bucket"
+                                        ) from None
+                raise self._error(exc, f"uploading the code to {target.s3_uri}") from None
+            return True
+
+        for _ in range(3):  # absent: create it; created meanwhile by someone: look at it
+            found = holds_it(package.key)
+            if found is not None:
+                break
+            if create(package):
+                return package
+        if found:
+            return package
+        for _ in range(3):  # a taken key of 64 random bits was guessed: draw again
+            fresh = package.elsewhere(secrets.token_hex(8))
+            if create(fresh):
+                return fresh
+        raise ProviderError(f"could not upload the code next to {package.s3_uri}: every key "
+                            "tried was taken",
+                            "someone is writing objects under code/ in the bucket as fast as "
+                            "launch: check who can write to it")
 
     # -- following -------------------------------------------------------------------------
 

@@ -16,18 +16,20 @@ production-style endpoint (a private service connect address, say) used with rea
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import gzip
 import hashlib
 import io
 import json
+import secrets
 import tarfile
 import tempfile
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -282,14 +284,20 @@ class StagedArchive:
     sha256: str
     members: tuple[Member, ...] = field(repr=False)
     source: str = ""  # what it holds, for a person reading the request
+    #: The name it was staged under instead of ``uri``, an object launch did not write holding
+    #: that one (see :func:`stage`); "" when staged at its own name.
+    instead_of: str = ""
 
     @property
     def size(self) -> int:
         return sum(m.size for m in self.members)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"uri": self.uri, "sha256": self.sha256, "source": self.source,
+        data = {"uri": self.uri, "sha256": self.sha256, "source": self.source,
                 "files": len(self.members), "bytes": self.size}
+        if self.instead_of:
+            data["instead_of"] = self.instead_of
+        return data
 
 
 def content_hash(members: Iterable[Member]) -> str:
@@ -344,28 +352,69 @@ def split_gs_uri(uri: str) -> tuple[str, str]:
     return bucket, name
 
 
-def stage(client: Any, archive: StagedArchive, timeout: float) -> bool:
-    """Upload ``archive`` unless an object of that name (so of that content) is there already.
+def md5_base64(handle: Any) -> tuple[str, int]:
+    """The MD5 of a file's bytes as Cloud Storage gives it (``md5Hash``: base64), and its size."""
+    digest, size = hashlib.md5(), 0
+    handle.seek(0)
+    while chunk := handle.read(2**20):
+        digest.update(chunk)
+        size += len(chunk)
+    handle.seek(0)
+    return base64.b64encode(digest.digest()).decode("ascii"), size
 
-    Returns whether it uploaded. ``if_generation_match=0`` makes the upload a create-only write:
-    two launches racing to stage the same code cannot overwrite each other, and the storage
-    library retries such conditional uploads on transient errors by itself.
+
+def stage(client: Any, archive: StagedArchive, timeout: float) -> StagedArchive:
+    """Put ``archive`` in the bucket unless an object holding its very bytes is there; return it
+    as staged: at its own name, or at a fresh one (``instead_of`` says which it replaces).
+
+    The name carries the hash of the archive's files, but whoever can write the bucket (every job
+    of the project can) can put other bytes under it, and every job staging that code would then
+    fail the bootstrap's check. So an object is reused only when Cloud Storage's own hash of the
+    bytes it holds (``md5Hash``, which it computes on upload: a writer cannot set it) and its size
+    are those of the archive written here. Every object launch writes has an ``md5Hash``; a
+    composite one has none and is never reused (its ``crc32c`` alone is no proof: CRCs are easy
+    to forge). Otherwise the archive goes to ``<name>/<random>-<hash>.tar.gz`` (the bootstrap reads
+    the hash at the end of the name): a name nobody can have taken before. Every upload is
+    create-only (``if_generation_match=0``), so an object launch did not write is never
+    overwritten, and two launches racing to stage the same code cannot overwrite each other.
     """
     from google.api_core import exceptions as gexc
 
     bucket_name, name = split_gs_uri(archive.uri)
-    blob = client.bucket(bucket_name).blob(name)
-    if blob.exists(timeout=timeout):
-        return False
+    bucket = client.bucket(bucket_name)
     with tempfile.SpooledTemporaryFile(max_size=32 * 2**20) as handle:
         write_archive(archive, handle)
-        handle.seek(0)
-        try:
-            blob.upload_from_file(handle, content_type="application/gzip", if_generation_match=0,
-                                  timeout=timeout)
-        except gexc.PreconditionFailed:
-            return False  # someone staged the same content first
-    return True
+        md5, size = md5_base64(handle)
+
+        def holds_it(blob: Any) -> bool:
+            return blob.md5_hash == md5 and blob.size == size
+
+        def create(blob: Any) -> bool:
+            handle.seek(0)
+            try:
+                blob.upload_from_file(handle, content_type="application/gzip",
+                                      if_generation_match=0, timeout=timeout)
+            except gexc.PreconditionFailed:
+                return False  # someone created it first
+            return True
+
+        for _ in range(3):  # absent: create it; created meanwhile by someone: look at it
+            existing = bucket.get_blob(name, timeout=timeout)
+            if existing is not None:
+                break
+            if create(bucket.blob(name)):
+                return archive
+        if existing is not None and holds_it(existing):
+            return archive
+        stem = name.removesuffix(".tar.gz")
+        for _ in range(3):  # a taken name of 64 random bits was guessed: draw again
+            fresh = f"{stem}/{secrets.token_hex(8)}-{archive.sha256[:32]}.tar.gz"
+            if create(bucket.blob(fresh)):
+                return replace(archive, uri=f"gs://{bucket_name}/{fresh}",
+                               instead_of=archive.uri)
+    raise ProviderError(f"could not stage {archive.uri}: every name tried was taken",
+                        "someone is writing objects under staging/ in the bucket as fast as "
+                        "launch: check who can write to it")
 
 
 # -- Cloud Logging -----------------------------------------------------------------------------

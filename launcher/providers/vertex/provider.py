@@ -38,7 +38,7 @@ import json
 import os
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path, PurePosixPath
 from typing import Any, ClassVar
@@ -305,8 +305,12 @@ class VertexProvider(VertexLogs, Provider):
     # -- sending -----------------------------------------------------------------------------
 
     def schedule(self, request: VertexRequest) -> str:  # type: ignore[override]
-        """Stage what is missing, then create the job; return its resource name."""
-        self._stage(request.staging)
+        """Stage what is missing, then create the job; return its resource name. An archive
+        staged under a fresh name (another object held its own: ``_gcp.stage``) is sent under
+        that one, and said so in the job's first log lines."""
+        staged = self._stage(request.staging)
+        if staged != request.staging:
+            request = _restaged(request, staged)
         if request.attempt_dir:
             _write_json(Path(request.attempt_dir) / "request.json", request.to_dict())
         job = self._create(request)
@@ -314,9 +318,16 @@ class VertexProvider(VertexLogs, Provider):
             _write_json(Path(request.attempt_dir) / "job.json",
                         {"name": job.name, "console": console_url(job.name, self.project)})
         self._jobs[job.name] = (time.monotonic(), job)
+        for archive in staged:
+            if archive.instead_of:
+                self._notes.setdefault(str(job.name), []).append(
+                    f"[vertex] {archive.instead_of} holds other bytes than launch staged there "
+                    f"(someone who can write the bucket put them); the job reads {archive.uri} "
+                    "instead. Delete that object so that later launches reuse one upload")
         return str(job.name)
 
-    def _stage(self, archives: tuple[_gcp.StagedArchive, ...]) -> None:
+    def _stage(self, archives: tuple[_gcp.StagedArchive, ...]
+               ) -> tuple[_gcp.StagedArchive, ...]:
         bucket = self.bucket or ""
         with _gcp.translating(f"staging the code to gs://{bucket}"):
             client = self.storage_client()
@@ -325,8 +336,8 @@ class VertexProvider(VertexLogs, Provider):
                     f"the bucket gs://{bucket} does not exist",
                     f"create it with `gcloud storage buckets create gs://{bucket} "
                     f"--location={self.region}`, or pass another --bucket")
-            for archive in archives:
-                _gcp.stage(client, archive, self.timing.rpc_timeout_s)
+            return tuple(_gcp.stage(client, archive, self.timing.rpc_timeout_s)
+                         for archive in archives)
 
     def _create(self, request: VertexRequest) -> Any:
         """create_custom_job, retried on transient errors; before each retry, look the job up by
@@ -528,6 +539,17 @@ def _rewrite_plan(text: str, job: Job, checkpoints: str) -> str:
     document["recipe_file"] = str(PurePosixPath("code", relative.as_posix()))
     document["checkpoint_dir"] = checkpoints
     return json.dumps(document, indent=2) + "\n"
+
+
+def _restaged(request: VertexRequest, staged: tuple[_gcp.StagedArchive, ...]) -> VertexRequest:
+    """``request`` with its archives where ``stage`` put them: the staging list and every
+    container's ``LAUNCH_STAGED``, the list the bootstrap fetches."""
+    custom_job = json.loads(json.dumps(request.custom_job))
+    for pool in custom_job["jobSpec"]["workerPoolSpecs"]:
+        for variable in pool["containerSpec"]["env"]:
+            if variable["name"] == "LAUNCH_STAGED":
+                variable["value"] = " ".join(a.uri for a in staged)
+    return replace(request, custom_job=custom_job, staging=staged)
 
 
 def _unanswered(cause: BaseException | None) -> bool:
