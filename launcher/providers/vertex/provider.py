@@ -56,7 +56,9 @@ from launcher.providers.vertex.names import (
     DEFAULT_PREFIX,
     DEFAULT_TIMEOUT_S,
     STATES,
+    check_project,
     check_region,
+    check_service_account,
     console_url,
     parse_bucket,
     parse_duration,
@@ -170,15 +172,18 @@ class VertexProvider(VertexLogs, Provider):
             raise UsageError("no region for Vertex AI",
                              "pass --region (e.g. us-central1) or set LAUNCH_REGION")
         anonymous = _gcp.parse_endpoint(environ.get("LAUNCH_VERTEX_ENDPOINT")).anonymous
-        project = (settings.get("project") or environ.get("LAUNCH_PROJECT")
-                   or (None if anonymous else _gcp.default_project(environ)))
+        project, source = settings.get("project"), "--project or LAUNCH_PROJECT"
+        if not project:
+            project, source = environ.get("LAUNCH_PROJECT"), "LAUNCH_PROJECT"
+        if not project and not anonymous:
+            project, source = _gcp.default_project(environ), "the environment's default project"
         if not project:
             raise UsageError("no Google Cloud project for Vertex AI",
                              "pass --project or set LAUNCH_PROJECT (or GOOGLE_CLOUD_PROJECT)")
+        project = check_project(project, source)
         account = settings.get("service_account") or None
-        if account is not None and "@" not in account:
-            raise UsageError(f"service account {account!r} is not an email address",
-                             "pass --service-account NAME@PROJECT.iam.gserviceaccount.com")
+        if account is not None:
+            account = check_service_account(account)
         timeout = settings.get("timeout") or environ.get("LAUNCH_VERTEX_TIMEOUT")
         return cls(project=str(project), region=str(region), bucket=bucket, prefix=prefix,
                    service_account=account, spot=bool(settings.get("spot")),
