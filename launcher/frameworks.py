@@ -33,6 +33,7 @@ This module imports neither torch nor the frameworks: recognising a script is ``
 from __future__ import annotations
 
 import ast
+import contextlib
 import hashlib
 import json
 import os
@@ -160,8 +161,10 @@ def capture(
     new ``<tmp>/launch-framework-*``. Never raises for the user's code: a script
     that errors, exits or hangs comes back with ``reached=False`` and a note.
     """
+    from launcher.options import env_seconds
+
     environ = dict(env if env is not None else os.environ)
-    timeout = timeout_s or float(environ.get("LAUNCH_CAPTURE_TIMEOUT", DEFAULT_CAPTURE_TIMEOUT_S))
+    timeout = timeout_s or env_seconds(environ, "LAUNCH_CAPTURE_TIMEOUT", DEFAULT_CAPTURE_TIMEOUT_S)
     path = path.resolve()
     if folder is None:
         folder = Path(tempfile.mkdtemp(prefix="launch-framework-"))
@@ -206,11 +209,15 @@ def capture(
 
 
 def _run(args: list[str], *, environ: dict[str, str], cwd: Path, timeout: float) -> None:
-    """Run the capture child in its own process group; on timeout kill the whole group (the
-    user's dataloader workers, threads and children with it) and raise TimeoutExpired."""
-    from launcher.processes import die_with_parent, user_environ
+    """Run the capture child in its own process group until it exits (what it answers is in
+    its ``--out`` folder) or ``timeout`` (then raise TimeoutExpired). Only the child is waited
+    for, never the processes the script started; once it is done they are all killed: its
+    group, its descendants and whatever carries its token (``processes.end_preflight``: a
+    dataloader worker or a daemon in a session of its own). Its temporary files live in a
+    folder removed with it."""
+    from launcher import processes
 
-    child_env = user_environ(dict(environ))  # it runs the user's code: no cloud credentials
+    child_env = processes.user_environ(dict(environ))  # it runs the user's code: no credentials
     package_root = str(Path(__file__).resolve().parent.parent)
     child_env["PYTHONPATH"] = os.pathsep.join(
         p for p in (package_root, child_env.get("PYTHONPATH", "")) if p)
@@ -219,18 +226,21 @@ def _run(args: list[str], *, environ: dict[str, str], cwd: Path, timeout: float)
     for key in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
         child_env.setdefault(key, "1")
     child_env.setdefault("WANDB_MODE", "disabled")
-    proc = subprocess.Popen(args, cwd=str(cwd), env=child_env, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            start_new_session=True, preexec_fn=die_with_parent())
-    try:
-        proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
+    token = child_env[processes.PREFLIGHT_VAR] = processes.new_token()
+    with tempfile.TemporaryDirectory(prefix="launch-capture-", ignore_cleanup_errors=True) as tmp:
+        child_env["TMPDIR"] = tmp
+        proc = subprocess.Popen(args, cwd=str(cwd), env=child_env, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                start_new_session=True, preexec_fn=processes.die_with_parent())
         try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        proc.communicate()
-        raise
+            exited = processes.wait_unreaped(proc.pid, timeout)
+        finally:  # done, timed out or interrupted: nothing it started outlives it
+            processes.end_preflight(token, proc.pid)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)  # not reaped yet: still its group
+            proc.wait()
+    if not exited:
+        raise subprocess.TimeoutExpired(args, timeout)
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:

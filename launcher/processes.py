@@ -226,3 +226,94 @@ def _proc_entries() -> list[Path]:
     except OSError:
         return []
 
+
+# --- a preflight's processes ------------------------------------------------------------------
+
+#: Every process a preflight starts to run the user's code (the recipe probe, the framework
+#: capture, the trace child) carries a fresh random ``LAUNCH_PREFLIGHT_TOKEN`` of its own, and so
+#: does what that code starts (a ``Popen``, a fork, a multiprocessing pool: they inherit it), in a
+#: session of its own or not. Once the preflight is done with the process, ``end_preflight``
+#: kills whatever still carries the token or descends from it.
+PREFLIGHT_VAR = "LAUNCH_PREFLIGHT_TOKEN"
+
+
+def new_token() -> str:
+    """A fresh token (``PREFLIGHT_VAR``'s value for one child process)."""
+    import secrets
+
+    return secrets.token_hex(16)
+
+
+def carrying(var: str, token: str) -> list[int]:
+    """The live processes whose environment (as they were started, /proc/PID/environ) carries
+    ``var=token``, the current process excluded; ``tagged`` for any variable."""
+    needle = f"{var}={token}".encode()
+    found = []
+    for entry in _proc_entries():
+        pid = int(entry.name)
+        if pid == os.getpid():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+        except OSError:  # gone, or another user's
+            continue
+        if needle in environ.split(b"\0") and alive(pid):
+            found.append(pid)
+    return found
+
+
+def end_preflight(token: str | None, root: int | None = None, *, keep_root: bool = False,
+                  timeout_s: float = 5.0) -> list[int]:
+    """SIGKILL, until none is left (or ``timeout_s``), every live process that carries
+    ``PREFLIGHT_VAR=token`` and every live descendant of ``root`` (``root`` itself too, unless
+    ``keep_root``); return those still alive at the end (none: an empty list).
+
+    ``root`` must be a child of the caller that it has not reaped yet (or the caller itself),
+    so that its pid cannot have been reused; nothing that neither carries the token nor descends
+    from ``root`` is ever signalled. The current process never is."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = set(carrying(PREFLIGHT_VAR, token)) if token else set()
+        if root is not None:
+            left.update(pid for pid in descendants(root) if alive(pid))
+            if not keep_root and alive(root):
+                left.add(root)
+        left.discard(os.getpid())
+        if keep_root and root is not None:
+            left.discard(root)
+        if not left or time.monotonic() >= deadline:
+            return sorted(left)
+        signal_all(left, signal.SIGKILL)
+        time.sleep(0.02)
+
+
+def wait_unreaped(pid: int, timeout_s: float | None) -> bool:
+    """Wait until the child ``pid`` has exited, at most ``timeout_s`` seconds (None: no limit),
+    without reaping it: its pid, and so its process group's id, stay reserved for the caller's
+    clean-up (``end_preflight``, ``killpg``) until it is waited for. True once it has exited.
+
+    Only the child itself is waited for, never its children: one that holds an inherited pipe
+    or outlives it does not make this wait."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    pidfd = None
+    with contextlib.suppress(AttributeError, OSError):
+        pidfd = os.pidfd_open(pid)  # readable once the process has exited (Linux 5.3)
+    try:
+        while True:
+            try:
+                if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+                    return True
+            except ChildProcessError:  # already reaped: it has exited
+                return True
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return False
+            if pidfd is not None:
+                import select
+
+                select.select([pidfd], [], [], left)
+            else:
+                time.sleep(0.02 if left is None else min(0.02, left))
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)

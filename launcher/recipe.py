@@ -11,6 +11,7 @@ and the line of the user's code it came from.
 from __future__ import annotations
 
 import ast
+import contextlib
 import json
 import os
 import subprocess
@@ -19,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
+from launcher.options import env_seconds
 from launcher.script_info import Hardware, ScriptInfo
 from launcher.status import UsageError
 
@@ -85,8 +87,8 @@ def inspect_script(
         return ScriptInfo(path=path, mode=mode, hooks=hooks)
     answer = None
     if mode == "recipe" and probe is not None:
-        timeout = timeout_s or float((env or os.environ).get("LAUNCH_PROBE_TIMEOUT",
-                                                             DEFAULT_TIMEOUT_S))
+        timeout = timeout_s or env_seconds(env or os.environ, "LAUNCH_PROBE_TIMEOUT",
+                                           DEFAULT_TIMEOUT_S)
         try:
             answer = probe(path, count_flops=count_flops, timeout_s=timeout)
         except TimeoutError:
@@ -125,36 +127,71 @@ def describe_only(path: Path, *, python: str = sys.executable, env: dict[str, st
 
 def _run_child(args: list[str], *, python: str, timeout_s: float | None,
                env: dict[str, str] | None, path: Path) -> dict[str, Any]:
-    timeout = timeout_s or float((env or os.environ).get("LAUNCH_PROBE_TIMEOUT", DEFAULT_TIMEOUT_S))
-    from launcher.processes import user_environ
+    """Run ``python -m launcher.recipe ARGS`` and return its answer.
 
-    child_env = user_environ(dict(env if env is not None else os.environ))
+    Only the child is waited for, never what the user's script started: its answer is a file
+    (not the last line of a pipe that a background process started at import still holds), and
+    once it has answered, failed or run out of time, every process it started is killed (each
+    carries the child's token, ``processes.end_preflight``), a daemon in a session of its own
+    included. The child's temporary files live in a folder removed with it."""
+    import tempfile
+
+    from launcher import processes
+
+    timeout = timeout_s or env_seconds(env or os.environ, "LAUNCH_PROBE_TIMEOUT",
+                                       DEFAULT_TIMEOUT_S)
+    child_env = processes.user_environ(dict(env if env is not None else os.environ))
     child_env.setdefault("OMP_NUM_THREADS", "1")
     # The child must import this very launcher, wherever the CLI was imported from.
     package_root = str(Path(__file__).resolve().parent.parent)
     child_env["PYTHONPATH"] = os.pathsep.join(
         p for p in (package_root, child_env.get("PYTHONPATH", "")) if p)
-    from launcher.processes import die_with_parent
-
-    try:
-        proc = subprocess.run(
-            [python, "-m", "launcher.recipe", *args], capture_output=True, text=True,
-            timeout=timeout, env=child_env, cwd=str(path.resolve().parent), check=False,
-            preexec_fn=die_with_parent(),  # a launch killed with -9 takes its probe along
-        )
-    except subprocess.TimeoutExpired:
-        raise _too_slow(path, timeout) from None
-    last = proc.stdout.strip().splitlines()[-1:] or [""]
-    try:
-        answer = json.loads(last[0])
-    except json.JSONDecodeError:
-        detail = (proc.stderr.strip().splitlines() or [f"it exited with status {proc.returncode}"
-                                                       " without an answer"])[-1]
-        raise UsageError(f"could not load {path.name}: {detail}",
-                         "launch imports the script and runs build_model, example_batch and "
-                         "training_step on fake tensors; they must not exit the process") from None
+    token = child_env[processes.PREFLIGHT_VAR] = processes.new_token()
+    with tempfile.TemporaryDirectory(prefix="launch-probe-", ignore_cleanup_errors=True) as tmp:
+        folder = Path(tmp)
+        (folder / "tmp").mkdir()
+        child_env["TMPDIR"] = str(folder / "tmp")  # the user's temporary files, removed with it
+        answer_file = folder / "answer.json"
+        with open(folder / "stderr", "wb") as stderr:
+            proc = subprocess.Popen(
+                [python, "-m", "launcher.recipe", *args, "--answer", str(answer_file)],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr,
+                env=child_env, cwd=str(path.resolve().parent), start_new_session=True,
+                preexec_fn=processes.die_with_parent(),  # a launch killed with -9 takes it along
+            )
+        try:
+            exited = processes.wait_unreaped(proc.pid, timeout)
+        finally:  # answered, timed out or interrupted: nothing it started outlives it
+            _end_child(proc, token)
+        if not exited:
+            raise _too_slow(path, timeout)
+        try:
+            answer = json.loads(answer_file.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            answer = None
+        if not isinstance(answer, dict):
+            lines = (folder / "stderr").read_text(encoding="utf-8", errors="replace")
+            detail = (lines.strip().splitlines() or [
+                f"it exited with status {proc.returncode} without an answer"])[-1]
+            raise UsageError(
+                f"could not load {path.name}: {detail}",
+                "launch imports the script and runs build_model, example_batch and "
+                "training_step on fake tensors; they must not exit the process") from None
     _raise_for(answer, path)
     return answer
+
+
+def _end_child(proc: subprocess.Popen[bytes], token: str) -> None:
+    """Kill ``proc`` (not reaped yet: its pid and group are still its own), everything that
+    carries its token or descends from it, and its process group; then reap it."""
+    import signal
+
+    from launcher import processes
+
+    processes.end_preflight(token, proc.pid)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
 
 
 def _too_slow(path: Path, timeout: float) -> UsageError:
@@ -174,6 +211,8 @@ def _raise_for(answer: dict[str, Any], path: Path) -> None:
                              "launch imports the script and runs build_model on the meta device;"
                              " it must not exit or kill the process")
         where = f" ({Path(err['file']).name}:{err['line']})" if err.get("file") else ""
+        if err.get("type") is None:  # a broken contract, not an exception: the message says it
+            raise UsageError(f"{err['message']}{where}", "fix the script and rerun")
         raise UsageError(f"{err['what']} raised {err['type']}: {err['message']}{where}",
                          "fix the script and rerun")
 
@@ -250,12 +289,37 @@ def _probe(script: Path, count_flops: bool = True) -> dict[str, Any]:
         units = [sum(p.numel() for p in m.parameters()) for m in model.modules()
                  if isinstance(m, kinds)]
         answer["unit_parameters"] = max(units) if units else None
-    answer["flops_per_sample"] = _training_flops(module) if count_flops else None
+    try:
+        answer["flops_per_sample"] = _training_flops(module) if count_flops else None
+    except NotALoss as exc:
+        return {"error": exc.error(module.training_step)}
     answer["parameters"] = sum(p.numel() for p in params)
     answer["trainable_parameters"] = sum(p.numel() for p in params if p.requires_grad)
     answer["parameter_bytes"] = sum(p.numel() * p.element_size() for p in params)
     answer["buffer_bytes"] = sum(b.numel() * b.element_size() for b in model.buffers())
     return answer
+
+
+class NotALoss(Exception):
+    """``training_step`` returned something that is not a tensor (the loss to backpropagate)."""
+
+    def __init__(self, value: object) -> None:
+        super().__init__(not_a_loss(value))
+
+    def error(self, function: Any) -> dict[str, Any]:
+        """The probe's answer for it: no exception type, the line of the function."""
+        code = getattr(function, "__code__", None)
+        return {"what": "training_step()", "type": None, "message": str(self),
+                "file": code.co_filename if code else None,
+                "line": code.co_firstlineno if code else None}
+
+
+def not_a_loss(value: object) -> str:
+    """What to say when ``training_step`` returns ``value`` instead of the loss tensor (the
+    template divides it by the accumulation steps and calls ``backward`` on it). Also said by the
+    trace (launcher.estimate._trace_run)."""
+    what = "None" if value is None else f"a {type(value).__name__}"
+    return f"training_step returned {what}: it must return the loss tensor"
 
 
 def _training_flops(module: Any) -> float | None:
@@ -276,6 +340,8 @@ def _training_flops(module: Any) -> float | None:
             counter = FlopCounterMode(display=False)
             with counter:
                 loss = module.training_step(model, batch)
+                if not isinstance(loss, torch.Tensor):
+                    raise NotALoss(loss)
                 loss.backward()
         return float(counter.get_total_flops()), cut
 
@@ -288,6 +354,8 @@ def _training_flops(module: Any) -> float | None:
             more, _ = count(deep)
             flops += (cut["count"] - shallow) / (deep - shallow) * (more - flops)
         return flops or None
+    except NotALoss:
+        raise
     except Exception:  # the estimate degrades to "unknown", the launch goes on
         return None
     finally:
@@ -307,12 +375,27 @@ def probe_answer(script: Path | None, count_flops: bool = True) -> dict[str, Any
 def main(argv: list[str]) -> int:
     import argparse
 
+    from launcher import processes
+
     parser = argparse.ArgumentParser(prog="python -m launcher.recipe")
     parser.add_argument("--script", type=Path)
     parser.add_argument("--no-flops", action="store_true")
+    parser.add_argument("--answer", type=Path, help="write the answer here, not to stdout")
     args = parser.parse_args(argv)
-    answer = probe_answer(args.script, count_flops=not args.no_flops)
-    sys.stdout.write("\n" + json.dumps(answer) + "\n")
+    # Orphans of what the script starts at import come back to this process (not init), so
+    # that it ends them all before it exits (the parent kills what carries its token too).
+    processes.become_subreaper()
+    try:
+        answer = probe_answer(args.script, count_flops=not args.no_flops)
+        text = json.dumps(answer)
+        if args.answer is None:
+            sys.stdout.write("\n" + text + "\n")
+        else:  # written whole, then named: the parent reads it once this process has exited
+            partial = args.answer.with_name(args.answer.name + ".partial")
+            partial.write_text(text, encoding="utf-8")
+            partial.replace(args.answer)
+    finally:
+        processes.end_preflight(None, os.getpid(), keep_root=True)
     return 0
 
 

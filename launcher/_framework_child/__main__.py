@@ -82,8 +82,23 @@ def main(argv: list[str]) -> int:
                   f" before reaching {where}")
     write_answer()
     sys.stdout.flush()
+    _end_children()
     os._exit(0)  # the script's threads and atexit hooks (loggers, pools) are not waited for
 
 
+def _end_children() -> None:
+    """Kill every process the script started (a dataloader worker, a daemon in a session of
+    its own: this process is their subreaper) before this one ends without waiting for them."""
+    from launcher.processes import end_preflight
+
+    end_preflight(None, os.getpid(), keep_root=True)
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    from launcher.processes import become_subreaper
+
+    become_subreaper()  # the script's orphans come back to this process, not to init
+    try:
+        sys.exit(main(sys.argv[1:]))
+    finally:
+        _end_children()

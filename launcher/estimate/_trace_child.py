@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -60,9 +61,11 @@ def _warm_up() -> None:
 
 
 def main() -> None:
-    if sys.argv[1:] == ["--worker"]:  # a worker spawned by ``_workers``: one request, one answer
-        sys.stdout.write(json.dumps(_workers.work(json.loads(sys.stdin.read()), _work)))
+    if sys.argv[1:2] == ["--worker"]:  # a worker spawned by ``_workers``: one request, one answer
+        request = json.loads(sys.stdin.read())
+        _workers.write_answer(Path(sys.argv[2]), _workers.work(request, _work))
         return
+    _workers.become_reaper()  # what the workers' user code starts comes back here to be ended
     _trace_protocol.serve(_work, warm_up=_warm_up)
 
 

@@ -12,6 +12,7 @@ which fits them (``launcher.estimate._answer``).
 from __future__ import annotations
 
 import contextlib
+import functools
 import resource
 import sys
 import time
@@ -395,6 +396,7 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
         # the script seeds every rank before it imports the recipe (random numbers at import)
         _script.load(strategy_name(request))[0].seed_all(request.get("seed", 0))
         recipe = load_recipe(recipe_file)
+        _check_loss(recipe)
         if request.get("batch_shapes"):  # the shapes a job ran out of memory at
             recipe.example_batch = shaped_batches(request["batch_shapes"])
         _fake_grouped_mm()
@@ -445,6 +447,26 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
     result["wall_s"] = time.perf_counter() - started
     result["host_peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     return result
+
+
+def _check_loss(recipe: ModuleType) -> None:
+    """Make the recipe's ``training_step`` say, in one line with its file and line, that it
+    returned no loss tensor (None, say: a missing ``return``), instead of the script's
+    ``micro_loss / accum`` failing on it with a TypeError that names neither."""
+    from launcher.recipe import not_a_loss
+
+    real = recipe.training_step
+    code = getattr(real, "__code__", None)
+
+    @functools.wraps(real)
+    def training_step(*args: Any, **kwargs: Any) -> Any:
+        loss = real(*args, **kwargs)
+        if not isinstance(loss, torch.Tensor):
+            raise RecipeError(not_a_loss(loss), code.co_filename if code else None,
+                              code.co_firstlineno if code else None, "contract")
+        return loss
+
+    recipe.training_step = training_step  # type: ignore[attr-defined]
 
 
 def _data_dependent_op(exc: BaseException) -> str:

@@ -23,6 +23,12 @@ runs ``build_model``, would leave the child in that state. So:
 
 Why not always spawn: a fresh interpreter pays torch's import and the fake-tensor warm-up (about
 4 s on two cores) for every worker; a forked one starts with both done.
+
+What the user's code starts in a worker (a ``Popen`` at import, a fork, a pool) must neither
+stall the answer nor outlive the request: a worker answers in a file, read once the worker has
+exited (a pipe would wait for every process that inherited it), and after every request the
+child kills what the workers left (``end_leftovers``): it is their subreaper (``become_reaper``),
+so even a daemon in a session of its own is still its descendant.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ import signal
 import subprocess
 import sys
 import sysconfig
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -47,6 +54,36 @@ _TASKS = Path("/proc/self/task")
 class _State:
     threads = 1          # intra-op threads a worker may use in all (the child's own default)
     baseline: int | None = None  # the child's thread count once prepared
+    reaper = False       # orphans of the workers' children are re-parented to this process
+
+
+def become_reaper() -> None:
+    """Make this process (the trace child) the subreaper of everything its workers start, so
+    that ``end_leftovers`` finds it all among its descendants."""
+    from launcher.processes import become_subreaper
+
+    become_subreaper()
+    _State.reaper = True
+
+
+def end_leftovers() -> None:
+    """Kill what the workers' user code left running (every worker has answered and been
+    waited for): the processes that carry this child's token (``processes.PREFLIGHT_VAR``, given
+    by the parent) and, when this process is their subreaper, all its descendants; then reap the
+    orphans it adopted."""
+    from launcher.processes import PREFLIGHT_VAR, end_preflight
+
+    token = os.environ.get(PREFLIGHT_VAR)
+    if token is None and not _State.reaper:
+        return
+    end_preflight(token, os.getpid() if _State.reaper else None, keep_root=True)
+    while _State.reaper:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            break
+        if pid == 0:
+            break
 
 
 def prepare(max_threads: int = 4) -> None:
@@ -125,58 +162,75 @@ def run_all(requests: list[dict[str, Any]], serve: Callable[[dict[str, Any]], di
     """
     threads = max(1, _State.threads // max(1, len(requests)))
     requests = [{**r, "threads": threads} for r in requests]
-    if fork_safe():
-        return _forked(requests, serve)
-    return _spawned(requests)
+    # The answers' folder: under the child's own TMPDIR (the parent removes it with the child).
+    with tempfile.TemporaryDirectory(prefix="launch-answers-", ignore_cleanup_errors=True) as tmp:
+        files = [Path(tmp) / f"answer-{i}.json" for i in range(len(requests))]
+        try:
+            if fork_safe():
+                return _forked(requests, serve, files)
+            return _spawned(requests, files)
+        finally:
+            end_leftovers()
 
 
 def _forked(requests: list[dict[str, Any]], serve: Callable[[dict[str, Any]], dict[str, Any]],
-            ) -> list[dict[str, Any]]:
+            files: list[Path]) -> list[dict[str, Any]]:
     from launcher.processes import die_with_parent
 
     children = []
     arm = die_with_parent()  # a worker dies with the child, however the child dies
-    for request in requests:
-        read_fd, write_fd = os.pipe()
+    for request, answer_file in zip(requests, files, strict=True):
         pid = os.fork()
-        if pid == 0:  # the worker
-            arm()
-            os.close(read_fd)
-            answer = work(request, serve)
-            with os.fdopen(write_fd, "w") as out:
-                out.write(json.dumps(answer))
-            os._exit(0)
-        os.close(write_fd)
-        children.append((pid, read_fd))
+        if pid == 0:  # the worker: whatever happens, it never returns into the child's code
+            try:
+                arm()
+                # The child's stdin carries the protocol's requests: never the user's code's.
+                with contextlib.suppress(OSError):
+                    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+                write_answer(answer_file, work(request, serve))
+            finally:
+                os._exit(0)
+        children.append(pid)
     answers = []
-    for pid, read_fd in children:  # each writes once, at its end: reading in turn cannot block
-        with os.fdopen(read_fd) as inp:
-            text = inp.read()
-        _, status = os.waitpid(pid, 0)
-        answers.append(json.loads(text) if text else _died(os.waitstatus_to_exitcode(status)))
+    for pid, answer_file in zip(children, files, strict=True):
+        _, status = os.waitpid(pid, 0)  # the worker, not what it started
+        answers.append(read_answer(answer_file, os.waitstatus_to_exitcode(status)))
     return answers
 
 
-def _spawned(requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Workers as fresh interpreters (``python -m launcher.estimate._trace_child --worker``), in
-    this process's group: the parent's timeout kills them with it."""
+def _spawned(requests: list[dict[str, Any]], files: list[Path]) -> list[dict[str, Any]]:
+    """Workers as fresh interpreters (``python -m launcher.estimate._trace_child --worker
+    ANSWER``), in this process's group: the parent's timeout kills them with it. What they
+    print goes to this process's stderr."""
     procs = []
-    for request in requests:
+    for request, answer_file in zip(requests, files, strict=True):
         proc = subprocess.Popen(  # it arms its own parent-death signal (see main)
-            [sys.executable, "-m", "launcher.estimate._trace_child", "--worker"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            [sys.executable, "-m", "launcher.estimate._trace_child", "--worker",
+             str(answer_file)],
+            stdin=subprocess.PIPE, stdout=sys.stderr.fileno(), text=True,
             env={**os.environ, PARENT_VAR: str(os.getpid())})
         assert proc.stdin is not None
         proc.stdin.write(json.dumps(request))
         proc.stdin.close()
         procs.append(proc)
-    answers = []
-    for proc in procs:
-        assert proc.stdout is not None
-        text = proc.stdout.read()
-        code = proc.wait()
-        answers.append(json.loads(text) if text.strip() else _died(code))
-    return answers
+    return [read_answer(answer_file, proc.wait())
+            for proc, answer_file in zip(procs, files, strict=True)]
+
+
+def write_answer(path: Path, answer: dict[str, Any]) -> None:
+    """A worker's answer, written whole and then named: ``read_answer`` never sees half."""
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(json.dumps(answer), encoding="utf-8")
+    partial.replace(path)
+
+
+def read_answer(path: Path, code: int) -> dict[str, Any]:
+    """The answer of a worker that has exited with ``code``: its file, or a crash."""
+    try:
+        answer = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return _died(code)
+    return answer if isinstance(answer, dict) else _died(code)
 
 
 #: A spawned worker's parent, so that it dies with it (armed by the worker itself).

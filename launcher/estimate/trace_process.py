@@ -3,8 +3,13 @@
 ``python -m launcher.estimate._trace_child`` serves one JSON request per line (docs/architecture.md,
 "The trace child"). A child started ahead of its first request (``prestart``) hides torch's
 import; it can load a recipe for the CLI (``probe``) and stays warm for the traces that follow
-(``run_child``). Each child has its own process group, killed whole on a timeout, and dies with
-its parent. No torch here: the CLI imports this module.
+(``run_child``). Each child has its own process group and dies with its parent. It carries a
+token of its own (``processes.PREFLIGHT_VAR``), as does everything the user's code starts in it,
+and a temporary folder of its own (its ``TMPDIR``): when the child is killed (a timeout, a crash,
+the end of the CLI) so is everything that carries the token or descends from it, and the folder
+is removed. Between requests the child ends what its workers left itself (``_workers``). Its
+pipes are read with a deadline, never to their end: a process the user's code started may hold
+them. No torch here: the CLI imports this module.
 """
 
 from __future__ import annotations
@@ -13,9 +18,11 @@ import atexit
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -29,6 +36,8 @@ _WARM: dict[str, subprocess.Popen[str]] = {}
 _REAPING: list[bool] = []
 #: The end of each running child's stderr, by pid (read while waiting for its answers).
 _STDERR: dict[int, bytes] = {}
+#: Every trace child started and not yet killed, by pid: its token and temporary folder.
+_LIVE: dict[int, tuple[str, str]] = {}
 
 
 def prestart(python: str | None = None) -> None:
@@ -40,10 +49,22 @@ def prestart(python: str | None = None) -> None:
     killed at exit, and one whose parent dies reads end-of-file and exits.
     """
     python = python or sys.executable
-    proc = _WARM.get(python)
-    if proc is not None and proc.poll() is None:
+    if _take(python, keep=True) is not None:
         return
     _keep(python, _spawn(python, warm=True))
+
+
+def _take(python: str, keep: bool = False) -> subprocess.Popen[str] | None:
+    """The free trace child of ``python`` if it still runs (out of ``_WARM`` unless ``keep``);
+    one that died is cleaned up (its processes killed, its folder removed) and None returned."""
+    proc = _WARM.get(python) if keep else _WARM.pop(python, None)
+    if proc is None:
+        return None
+    if proc.poll() is not None:
+        _WARM.pop(python, None)
+        _kill(proc)
+        return None
+    return proc
 
 
 def _keep(python: str, proc: subprocess.Popen[str]) -> None:
@@ -55,18 +76,69 @@ def _keep(python: str, proc: subprocess.Popen[str]) -> None:
 
 
 def _reap() -> None:
-    for proc in _WARM.values():
+    """Kill every trace child this process started (at exit, or when a test wants none)."""
+    for proc in list(_WARM.values()):
         _kill(proc)
-        with contextlib.suppress(Exception):
-            proc.communicate(timeout=5)
     _WARM.clear()
     _STDERR.clear()
+    for pid, (token, folder) in list(_LIVE.items()):  # one whose caller never came back
+        from launcher.processes import end_preflight
+
+        end_preflight(token, pid if _unreaped(pid) else None)
+        shutil.rmtree(folder, ignore_errors=True)
+        _LIVE.pop(pid, None)
 
 
-def _kill(proc: subprocess.Popen[str]) -> None:
-    """Kill a trace child with its whole process group (its forked half, the user's threads)."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
+def _unreaped(pid: int) -> bool:
+    """Whether ``pid`` is a child of this process that has not been reaped (its pid is still
+    its own: safe to name it, its group and its descendants)."""
+    try:
+        os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return False
+    return True
+
+
+def _kill(proc: subprocess.Popen[str]) -> str:
+    """Kill a trace child with everything it started: its process group (its forked workers),
+    its descendants and every process that carries its token (the user's children, in a session
+    of their own or not); reap it, close its pipes and remove its temporary folder. Returns the
+    end of its stderr (what it wrote and nobody read yet), read without waiting for its end."""
+    from launcher.processes import end_preflight
+
+    token, folder = _LIVE.pop(proc.pid, (None, None))
+    if proc.returncode is None:  # not reaped: its pid and group are still its own
+        end_preflight(token, proc.pid)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    else:
+        end_preflight(token)
+    with contextlib.suppress(Exception):
+        proc.wait(timeout=10)
+    rest = _drain(proc.stderr)
+    for pipe in (proc.stdin, proc.stdout, proc.stderr):
+        with contextlib.suppress(Exception):
+            if pipe is not None:
+                pipe.close()
+    if folder is not None:
+        shutil.rmtree(folder, ignore_errors=True)
+    return rest
+
+
+def _drain(pipe: Any) -> str:
+    """What can be read from ``pipe`` now, without waiting for its end (another process may
+    still hold it open)."""
+    if pipe is None:
+        return ""
+    chunks = []
+    with contextlib.suppress(Exception):
+        fd = pipe.fileno()
+        os.set_blocking(fd, False)
+        while chunk := os.read(fd, 1 << 16):
+            chunks.append(chunk)
+            if sum(map(len, chunks)) > 1 << 20:
+                break
+    return b"".join(chunks).decode(errors="replace")
 
 
 def _spawn(python: str, warm: bool = False) -> subprocess.Popen[str]:
@@ -79,14 +151,28 @@ def _spawn(python: str, warm: bool = False) -> subprocess.Popen[str]:
     env.setdefault("PYTHONUNBUFFERED", "1")
     if warm:
         env["LAUNCH_TRACE_WARM"] = "1"  # warm up the lazily imported fake-tensor modules too
-    from launcher.processes import die_with_parent
+    from launcher.processes import PREFLIGHT_VAR, die_with_parent, new_token
 
-    return subprocess.Popen(
-        [python, "-m", "launcher.estimate._trace_child"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        env=env, text=True, start_new_session=True,  # its own group: a timeout kills it all
-        preexec_fn=die_with_parent(),  # and a launch killed with -9 takes it along
-    )
+    token = env[PREFLIGHT_VAR] = new_token()  # what the user's code starts in it carries it
+    # Its temporary files (the rendered scripts it imports, the workers' answers, the user's
+    # own) in a folder of its own, under this process's TMPDIR, removed when it is killed.
+    folder = tempfile.mkdtemp(prefix="launch-trace-")
+    env["TMPDIR"] = folder
+    try:
+        proc = subprocess.Popen(
+            [python, "-m", "launcher.estimate._trace_child"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            env=env, text=True, start_new_session=True,  # its own group: a timeout kills it all
+            preexec_fn=die_with_parent(),  # and a launch killed with -9 takes it along
+        )
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    if not _REAPING:
+        atexit.register(_reap)
+        _REAPING.append(True)
+    _LIVE[proc.pid] = (token, folder)
+    return proc
 
 
 def probe(script: str | os.PathLike[str], *, count_flops: bool, timeout_s: float,
@@ -101,8 +187,8 @@ def probe(script: str | os.PathLike[str], *, count_flops: bool, timeout_s: float
     ``timeout_s``.
     """
     python = python or sys.executable
-    proc = _WARM.pop(python, None)
-    if proc is None or proc.poll() is not None:
+    proc = _take(python)
+    if proc is None:
         return None
     request = {"action": "probe", "script": str(Path(script).resolve()),
                "count_flops": count_flops}
@@ -113,6 +199,8 @@ def probe(script: str | os.PathLike[str], *, count_flops: bool, timeout_s: float
             f"loading {Path(script).name} took longer than {timeout_s:g} s") from None
     if answer is not None:
         _keep(python, proc)
+    else:  # it died: the caller probes the usual way
+        _kill(proc)
     return answer
 
 
@@ -140,8 +228,6 @@ def _ask(proc: subprocess.Popen[str], request: dict[str, Any], timeout_s: float,
             left = deadline - time.monotonic()
             if left <= 0:
                 _kill(proc)
-                with contextlib.suppress(Exception):
-                    proc.communicate(timeout=5)
                 raise TimeoutError
             for key, _ in selector.select(timeout=min(left, 1.0)):
                 chunk = os.read(key.fd, 1 << 16)
@@ -160,9 +246,7 @@ def run_child(request: dict[str, Any], timeout_s: float, python: str) -> dict[st
     """Answer ``request`` in a trace child: the prestarted one if it is free (it stays warm for
     the next request: the planner may ask for more traces), else a new one. A child in use is
     out of ``_WARM``, so threads tracing at once each get their own."""
-    proc = _WARM.pop(python, None)
-    if proc is None or proc.poll() is not None:
-        proc = _spawn(python)
+    proc = _take(python) or _spawn(python)
     try:
         answer = _ask(proc, request, timeout_s)
     except TimeoutError:
@@ -172,8 +256,7 @@ def run_child(request: dict[str, Any], timeout_s: float, python: str) -> dict[st
             file=recipe_file, kind="timeout",
         ) from None
     if answer is None:
-        _kill(proc)
-        _, rest = proc.communicate()
+        rest = _kill(proc)
         stderr = _STDERR.pop(proc.pid, b"").decode(errors="replace") + rest
         tail = "\n".join(stderr.strip().splitlines()[-5:])
         raise TraceError(
@@ -185,5 +268,4 @@ def run_child(request: dict[str, Any], timeout_s: float, python: str) -> dict[st
         _keep(python, proc)
     else:
         _kill(proc)
-        proc.communicate()
     return answer
