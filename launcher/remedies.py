@@ -303,19 +303,48 @@ def _failure(failure: Failure | Mapping[str, Any]) -> Failure:
     return failure if isinstance(failure, Failure) else Failure.of(failure)
 
 
+#: The variables through which each change of a plan reaches a plain script (any one of them,
+#: or ``LAUNCH_PLAN``, the whole plan as JSON). Expandable segments are PyTorch's own variable,
+#: set in the job's environment: they reach every script.
+REACHED_BY: dict[str, tuple[str, ...]] = {
+    SMALLER_MICRO_BATCH.name: ("LAUNCH_MICRO_BATCH_SIZE",),
+    CHECKPOINTING.name: ("LAUNCH_CHECKPOINTING", "LAUNCH_ACTIVATION_CHECKPOINTING"),
+}
+
+
+class Unreachable(str):
+    """Why no change was made although one would help: the script cannot see it (a ``str``,
+    the sentence the run ends with)."""
+
+
 def replan(plan: Plan, failure: Failure | Mapping[str, Any], *, can_checkpoint: bool = True,
-           measure: Measure | None = None) -> Fix | None:
+           measure: Measure | None = None, reads: Collection[str] | None = None
+           ) -> Fix | Unreachable | None:
     """(fixed plan, what changed and why), or None when no change of this kind can help.
 
     ``failure``: a ``Failure``, or the supervisor's record of one (``Failure.of``). ``measure``
     re-traces the step: with it, a failure that reports the batch shapes it died at is sized at
-    those shapes (data that grew mid-run) instead of halving and trying again."""
+    those shapes (data that grew mid-run) instead of halving and trying again. ``reads``: the
+    ``LAUNCH_*`` variables a plain script reads (``None``: the plan reaches the script whole,
+    as it reaches a recipe or a framework script); a change none of them carries is not made,
+    and the answer says so (:class:`Unreachable`) instead of resubmitting the same job."""
     failure = _failure(failure)
+    blocked: list[str] = []
     for remedy in REMEDIES:
         change = _CHANGES.get(remedy.name)
         if change is None:
-            return None
+            break
         fixed = change(plan, failure, can_checkpoint, measure)
-        if fixed is not None:
-            return fixed
+        if fixed is None:
+            continue
+        carriers = REACHED_BY.get(remedy.name, ())
+        if reads is not None and carriers and not ({*carriers, "LAUNCH_PLAN"} & set(reads)):
+            blocked.append(f"{remedy.label} ({' or '.join(carriers)})")
+            continue
+        return fixed
+    if blocked:
+        return Unreachable(
+            f"{' and '.join(blocked)} would help, but the script reads none of those variables "
+            "(nor LAUNCH_PLAN): a resubmission would run the same job again. Make the script "
+            "take the value from that variable, or change its own setting and rerun")
     return None

@@ -260,6 +260,12 @@ class Runner:
             result = preflight(spec, info, env.state_dir, env.environ)
         if provider_error:
             result.notes.append(f"no {name} request: {provider_error}")
+        unseen = _unseen_settings(spec)
+        if unseen:
+            result.notes.append(
+                f"{spec.script.name} reads none of {', '.join(unseen)} (nor LAUNCH_PLAN): the "
+                "plan's micro-batch, accumulation and checkpointing do not reach it, and an "
+                "out-of-memory failure will not be resubmitted with a change it cannot see")
         return PlannedRun(spec, info, result, provider, settings=_recordable(options))
 
     def _prestart_trace(self, options: Mapping[str, Any]) -> bool:
@@ -371,8 +377,11 @@ class Runner:
         measure = retrace(str(traceable)) if traceable is not None and not env_flag(
             self.env.environ, "LAUNCH_NO_TRACE") else None
 
+        reads = _plain_reads(spec)
+
         def fix(plan: Any, failure: Any) -> Any:
-            return replan(plan, failure, can_checkpoint=can_checkpoint, measure=measure)
+            return replan(plan, failure, can_checkpoint=can_checkpoint, measure=measure,
+                          reads=reads)
 
         return fix
 
@@ -506,6 +515,27 @@ def _log_lines(provider: Provider, job_id: str, follow: bool) -> Iterator[str]:
             break
         if not lines:
             time.sleep(0.2)
+
+
+def _plain_reads(spec: Spec) -> frozenset[str] | None:
+    """The ``LAUNCH_*`` variables a plain script reads; ``None`` for a recipe or a framework
+    script, which the plan reaches whole (rendered, or through the framework's settings)."""
+    from launcher.script_info import launch_variables
+
+    if spec.mode != "script" or spec.framework is not None or spec.script.name == NO_SCRIPT.name:
+        return None
+    return launch_variables(spec.script)
+
+
+def _unseen_settings(spec: Spec) -> list[str]:
+    """The variables of the plan's remedies that a plain script reads none of (empty when it
+    reads the plan, or is no plain script)."""
+    from launcher.remedies import REACHED_BY
+
+    reads = _plain_reads(spec)
+    if reads is None or "LAUNCH_PLAN" in reads:
+        return []
+    return [v for carriers in REACHED_BY.values() if not set(carriers) & reads for v in carriers]
 
 
 def _recordable(options: Mapping[str, Any]) -> dict[str, Any]:

@@ -44,3 +44,26 @@ class ScriptInfo:
     framework_recipe: Path | None = None
     framework_config: Path | None = None
     notes: tuple[str, ...] = ()
+
+
+#: Reading this variable (the plan's JSON file) reaches every setting of the plan.
+PLAN_VARIABLE = "LAUNCH_PLAN"
+
+
+def launch_variables(path: Path) -> frozenset[str]:
+    """The ``LAUNCH_*`` variables a plain script's source names (string constants: an
+    ``os.environ["LAUNCH_MICRO_BATCH_SIZE"]``, a ``getenv("LAUNCH_LR", ...)``): the settings of
+    the plan that can reach it. A script that names none of them never sees the plan, and a
+    change the script cannot see must not be resubmitted as a fix. Read without running it; a
+    source that does not parse names nothing."""
+    import ast
+
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, SyntaxError, RecursionError):
+        return frozenset()
+    return frozenset(
+        node.value for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str)
+        and node.value.startswith("LAUNCH_") and node.value[7:].replace("_", "").isalnum()
+        and node.value.isupper())

@@ -34,8 +34,9 @@ STOP_GRACE_S = 0.5
 BEHIND_NOTE_S = 10.0
 BEHIND_REPEAT_S = 60.0
 
-#: Replanner: (failed plan, the failure) -> (new plan, what changed and why), or None.
-Replanner = Callable[[Plan, Failure], "tuple[Plan, str] | None"]
+#: Replanner: (failed plan, the failure) -> (new plan, what changed and why), None (no change
+#: helps), or a sentence (a change would help, but the script cannot see it).
+Replanner = Callable[[Plan, Failure], "tuple[Plan, str] | str | None"]
 
 
 @dataclass
@@ -172,7 +173,13 @@ class Supervisor:
                     continue
                 return RunOutcome(self.run, ExitStatus.JOB_FAILED, attempts,
                                   f"attempt {number} failed: {attempt.summary.get('message')}")
+            repeat = _same_failure(attempts)
+            if repeat:
+                return RunOutcome(self.run, ExitStatus.OUT_OF_MEMORY, attempts, repeat)
             fixed = self.replan(plan, Failure.of(attempt.diagnosis)) if self.replan else None
+            if isinstance(fixed, str):  # a change would help, but the script cannot see it
+                return RunOutcome(self.run, ExitStatus.OUT_OF_MEMORY, attempts,
+                                  f"out of memory: {fixed}")
             if fixed is None:
                 diagnosis = attempt.diagnosis or {}
                 return RunOutcome(self.run, ExitStatus.OUT_OF_MEMORY, attempts,
@@ -324,6 +331,25 @@ class Supervisor:
                          model_key(script), attempt.plan, attempt.summary)
         except OSError:
             pass
+
+
+def _same_failure(attempts: list[Attempt]) -> str:
+    """Why the run stops when its last attempt failed exactly as the one before it did (the
+    same phase, the same bytes requested): the change between them did not reach the job, and
+    another change of the same kind would not either. Empty when it is a new failure."""
+    if len(attempts) < 2:
+        return ""
+    last, before = (a.diagnosis or {} for a in attempts[-2:][::-1])
+    asked = last.get("requested_bytes")
+    if asked is None or asked != before.get("requested_bytes") or (
+            last.get("phase") != before.get("phase")):
+        return ""
+    from launcher.units import format_bytes
+
+    return (f"attempt {attempts[-1].number} failed exactly as attempt {attempts[-2].number} did "
+            f"({last.get('phase') or 'the same phase'}, {format_bytes(asked)} requested): "
+            f"the change between them ({attempts[-1].change}) did not reach the job, so no "
+            "further attempt is made; check that the script takes the plan's values")
 
 
 def adopt_unrecorded(run: Run, provider: Provider) -> list[Attempt]:

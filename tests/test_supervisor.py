@@ -582,3 +582,72 @@ def test_a_moved_state_folder_keeps_its_runs_and_a_deleted_one_stops_its_job(cli
     moved_attempt = moved_live / ".launch" / "runs" / live_run.name / "attempt-1"
     assert json.loads((moved_attempt / "exit.json").read_text())["state"] == "cancelled"
     assert not live_project.exists()  # the runner wrote through its folder, not the old path
+
+
+# -- issue 28: a change the script cannot see is never resubmitted -------------------------------
+
+# pytorch/examples' style: the batch size is the script's own flag; LAUNCH_* is never read. Each
+# step asks for batch_size x 64 Mi floats (5 GiB at its default 20): over a 2.5 GiB cap.
+ARGPARSE_SCRIPT = """
+import argparse
+import torch
+
+parser = argparse.ArgumentParser(description="word language model, abridged")
+parser.add_argument("--batch_size", type=int, default=20, metavar="N")
+parser.add_argument("--epochs", type=int, default=1)
+args = parser.parse_args()
+
+
+
+class RNNModel(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.decoder = torch.nn.Linear(16, 16)
+
+    def forward(self, input):
+        hidden = torch.ones(input.shape[0], 64 * 1024 * 1024)  # the activations
+        return self.decoder(input) + hidden[:, :16]
+
+
+model = RNNModel()
+for epoch in range(args.epochs):
+    output = model(torch.ones(args.batch_size, 16))
+    output.sum().backward()
+    print("epoch", epoch, float(output.sum()))
+"""
+
+
+def test_an_oom_fix_the_script_cannot_see_is_not_resubmitted(cli, tmp_path):
+    """word_language_model reads --batch_size, not LAUNCH_MICRO_BATCH_SIZE: the OOM loop
+    halved a micro-batch it never saw, three times, each attempt failing on the same 5 GiB
+    request (three paid jobs on a cloud). Now the plan says before anything runs that the
+    script reads none of the plan's settings, and the run stops after the first failure
+    saying which variable would have carried the fix."""
+    script = tmp_path / "main.py"
+    script.write_text(ARGPARSE_SCRIPT)
+    plan = cli("plan", str(script), "--params", "1M", "--json")
+    assert plan.status == 0, plan.stderr
+    assert any("reads none of LAUNCH_MICRO_BATCH_SIZE" in n for n in plan.json()["notes"])
+    result = cli(str(script), "--params", "1M", "--json", "--memory-limit", "2560MiB",
+                 "--global-batch-size", "20")
+    assert result.status == ExitStatus.OUT_OF_MEMORY, result.stderr
+    data = result.json()
+    assert len(data["attempts"]) == 1
+    assert "LAUNCH_MICRO_BATCH_SIZE" in data["message"] and "same job again" in data["message"]
+
+
+def test_a_failure_repeated_exactly_stops_the_run(cli, tmp_path):
+    """A script that names LAUNCH_MICRO_BATCH_SIZE but does not use it for the allocation that
+    fails: attempt 2 dies on the very request attempt 1 did. The run stops there, saying so,
+    instead of halving again."""
+    script = tmp_path / "main.py"
+    script.write_text(ARGPARSE_SCRIPT.replace(
+        "args = parser.parse_args()\n",
+        "args = parser.parse_args()\n"
+        "import os\nprint('planned micro-batch', os.environ.get('LAUNCH_MICRO_BATCH_SIZE'))\n"))
+    result = cli(str(script), "--params", "1M", "--json", "--memory-limit", "2560MiB",
+                 "--global-batch-size", "20", "--max-attempts", "4")
+    assert result.status == ExitStatus.OUT_OF_MEMORY, result.stderr
+    data = result.json()
+    assert len(data["attempts"]) == 2, [a["change"] for a in data["attempts"]]
+    assert "failed exactly as attempt 1 did" in data["message"]
