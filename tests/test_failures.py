@@ -21,7 +21,14 @@ from pathlib import Path
 
 import pytest
 
-from launcher.failures import Diagnosis, LogWatcher, explain_file, explain_lines, parse_size
+from launcher.failures import (
+    Diagnosis,
+    LogWatcher,
+    explain_file,
+    explain_lines,
+    explain_stream,
+    parse_size,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = (REPO / ".." / "shared" / "oom-logs").resolve()
@@ -233,12 +240,19 @@ FIXTURE_EXPECTED: dict[str, tuple[str, str | None, str, int | None, int, dict[st
     # PyTorch 1.0's CPU allocator: "posix_memalign(...) == 0. 12 vs 0", errno 12 = ENOMEM.
     "cpu_posix_memalign.log": ("host_oom", "unknown", "DefaultCPUAllocator", None, 10, {}),
     "k8s_oomkilled.log": ("host_oom", "unknown", "OOMKilled", None, 10, {}),
+    # A bare SIGKILL off a managed platform: probable host memory (test_bare_sigkill_...).
+    "local_sigkill_bare.log": ("host_oom", "unknown", "sigkill", None, 2, {}),
+    "accelerate_sigkill_shards.log": ("host_oom", "unknown", "sigkill", None, 16, {}),
+    "deepspeed_exit_minus_9.log": ("host_oom", "unknown", "sigkill", None, 10, {}),
+    "shell_killed_de.log": ("host_oom", "unknown", "shell_killed", None, 4, {}),
+    # oneDNN: probable with nothing else (cpu), host memory under `ulimit -v` (ulimit).
+    "onednn_primitive_cpu.log": ("host_oom", "unknown", "onednn_primitive", None, 18, {}),
+    "onednn_primitive_ulimit.log": ("host_oom", "unknown", "onednn_primitive", None, 13, {}),
     # --- not memory ---
     "device_side_assert.log": ("other", None, "device_side_assert", None, 1, {}),
     "illegal_memory_access.log": ("other", None, "illegal_memory_access", 0, 4, {}),
     "preemption.log": ("other", None, "preemption", None, 3, {}),
     "nccl_timeout_then_1eb.log": ("other", None, "nccl_timeout", 4, 1, {}),
-    "local_sigkill_bare.log": ("other", None, "sigkill", None, 2, {}),
     "clean_run.log": ("none", None, "", None, 0, {}),
 }
 
@@ -344,12 +358,67 @@ def test_micro_batch_one_advises_checkpointing_not_halving() -> None:
     assert "activation checkpointing" in d.advice and "halve" not in d.advice
 
 
-def test_platform_argument_makes_a_bare_sigkill_host_memory() -> None:
-    lines = _lines("local_sigkill_bare.log")
-    assert explain_lines(lines).failure == "other"
-    d = explain_lines(lines, platform="sagemaker")
+# What a probable host OOM's advice must name: what would confirm it.
+CONFIRMING = ('dmesg | grep -i "killed process"', "OOMKilled", "memory graph")
+
+
+@pytest.mark.parametrize("platform", [None, "local"])
+def test_bare_sigkill_is_a_probable_host_oom_off_the_clouds(platform: str | None) -> None:
+    """torchelastic's "failed (exitcode: -9)" and "Signal 9 (SIGKILL) received by PID" on a local
+    (or unknown) run: the kernel's OOM killer is their usual sender, not the only one. Host
+    memory, said to be probable, with what would confirm it; no micro-batch change."""
+    d = explain_lines(_lines("local_sigkill_bare.log"), platform=platform)
+    assert (d.failure, d.cause, d.signature, d.line, d.phase) == (
+        "host_oom", "unknown", "sigkill", 2, None)
+    assert d.note.startswith("probable host OOM") and "kill -9" in d.note
+    assert d.advice.startswith("probably host RAM ran out")
+    assert all(evidence in d.advice for evidence in CONFIRMING), d.advice
+    assert "micro-batch" not in d.advice and "halve" not in d.advice
+
+
+@pytest.mark.parametrize("platform", ["sagemaker", "vertex"])
+def test_platform_argument_makes_a_bare_sigkill_host_memory(platform: str) -> None:
+    d = explain_lines(_lines("local_sigkill_bare.log"), platform=platform)
     assert (d.failure, d.cause) == ("host_oom", "unknown")
-    assert "SIGKILL" in d.note
+    assert "SIGKILL" in d.note and "managed platform" in d.note
+    assert "probabl" not in d.note + d.advice
+
+
+def test_a_probable_kill_leads_to_no_micro_batch_change() -> None:
+    """The replanner reads a diagnosis as activations (and halves the micro-batch) when its cause
+    is unknown and its phase one where activations grow. A kill leaves no traceback: no phase, so
+    the host_oom path's replan makes no change (``remedies.replan`` returns None: no expandable
+    segments, no smaller micro-batch, no checkpointing), whatever lines came before the kill."""
+    from launcher.plan.plan import Plan
+    from launcher.remedies import Failure, replan
+
+    plan = Plan(strategy="single", machine="m", nodes=1, gpus_per_node=1, micro_batch_size=8,
+                grad_accum_steps=1, global_batch_size=8, precision="fp32", optimizer="adamw",
+                activation_checkpointing=False, steps=10, lr=1e-3)
+    before = ["Traceback (most recent call last):", '  File "train.py", line 80, in train',
+              "    loss.backward()", "RuntimeWarning: ignored", "step 12 loss 2.2"]
+    for kill in ("Killed", "Getötet", "trainer exited with code 137",
+                 "Signal 9 (SIGKILL) received by PID 4242"):
+        d = explain_lines([*before, kill])
+        assert (d.failure, d.cause, d.phase) == ("host_oom", "unknown", None), (kill, d)
+        assert not Failure.of(d.to_dict()).activations, kill
+        assert replan(plan, d.to_dict()) is None, kill
+    # oneDNN's failure has a traceback: in backward, the replanner tries a smaller micro-batch,
+    # as its advice says (its scratchpad grows with the batch).
+    onednn = explain_lines([*before[:3], "RuntimeError: could not create a primitive"])
+    assert onednn.phase == "backward"
+    fixed = replan(plan, onednn.to_dict())
+    assert fixed is not None and fixed[0].micro_batch_size == 4
+
+
+def test_a_kill_with_the_kernels_word_is_certain() -> None:
+    """The shell's "Killed", then the kernel's log (dmesg pasted after it): host memory, no
+    longer only probable."""
+    d = explain_lines(["epoch 3 step 1200", "Killed",
+                       "[871234.5] Out of memory: Killed process 4242 (python3) "
+                       "total-vm:98765432kB, anon-rss:61234567kB"])
+    assert (d.failure, d.signature, d.line) == ("host_oom", "shell_killed", 2)
+    assert "line 3 reports host memory" in d.note and "probabl" not in d.note + d.advice
 
 
 def test_wrapped_message_split_mid_word_is_joined() -> None:
@@ -553,9 +622,10 @@ MORE_FORMATS = [
                              "16777216.00 TiB (GPU 0; 79.10 GiB total capacity; 1.00 GiB already "
                              "allocated; 70.00 GiB free; 2.00 GiB reserved in total by PyTorch)"],
      "other", "impossible_allocation_size"),
-    ("mp spawn SIGKILL", ["Exception: Process 1 terminated with signal SIGKILL"], "other",
+    # a bare SIGKILL: probable host memory (test_bare_sigkill_is_a_probable_host_oom_...)
+    ("mp spawn SIGKILL", ["Exception: Process 1 terminated with signal SIGKILL"], "host_oom",
      "sigkill"),
-    ("docker 137", ["trainer exited with code 137"], "other", "sigkill"),
+    ("docker 137", ["trainer exited with code 137"], "host_oom", "sigkill"),
     ("advice is not a failure", ["UserWarning: to avoid out of memory errors, set "
                                  "max_split_size_mb"], "none", ""),
     ("handled OOM", ["Caught OOM at batch 64, retrying with 32", "epoch 1 done"], "none", ""),
@@ -624,3 +694,160 @@ def test_stream_with_only_read() -> None:
     data = (FIXTURES / "torchrun_16rank_oom_rank11.log").read_bytes()
     d = explain_stream(ReadOnly(data))  # type: ignore[arg-type]
     assert (d.failure, d.rank, d.line) == ("gpu_oom", 11, 380)
+
+
+# -- a bare SIGKILL, the shell's "Killed" in other languages, oneDNN (issue 28) -----------------
+
+# Bare SIGKILLs as real launchers report them (read as "other" before): probable host memory.
+SIGKILL_FORMS = [
+    # torchelastic's agent and its ChildFailedError summary
+    ["E0303 12:00:01.555000 4211 torch/distributed/elastic/multiprocessing/api.py:869] failed "
+     "(exitcode: -9) local_rank: 0 (pid: 1234) of binary: /usr/bin/python3"],
+    ["  traceback : Signal 9 (SIGKILL) received by PID 1234"],
+    # accelerate launch while loading checkpoint shards
+    ["Loading checkpoint shards:  33%|###3      | 1/3 [00:21<00:43, 21.52s/it]Traceback (most "
+     "recent call last):",
+     "subprocess.CalledProcessError: Command '['/usr/bin/python3', 'train.py']' died with "
+     "<Signals.SIGKILL: 9>."],
+    ["torch.multiprocessing.spawn.ProcessExitedException: process 0 terminated with signal "
+     "SIGKILL"],
+    ["ERROR: worker 3 was killed by signal: SIGKILL"],
+    # DeepSpeed's launcher
+    ["[2023-04-14 13:11:27,885] [ERROR] [launch.py:434:sigkill_handler] ['/usr/bin/python3', "
+     "'-u', 'main.py', '--local_rank=0'] exits with return code = -9"],
+    ["Error: container exited with code 137"],
+]
+
+
+@pytest.mark.parametrize("lines", SIGKILL_FORMS, ids=lambda lines: lines[-1][:40])
+def test_bare_sigkill_forms_are_probable_host_oom(lines: list[str]) -> None:
+    d = explain_lines(lines)
+    assert (d.failure, d.cause, d.signature, d.line) == (
+        "host_oom", "unknown", "sigkill", len(lines)), d
+    assert d.note.startswith("probable host OOM") and all(e in d.advice for e in CONFIRMING)
+    assert explain_lines(lines, platform="sagemaker").note.startswith("killed by SIGKILL on a")
+    data = ("\n".join(lines) + "\n").encode()
+    assert explain_stream(io.BytesIO(data)) == d
+
+
+# The shell's "Killed" in the languages of glibc's (libc.mo) and bash's (bash.mo) catalogs, as a
+# shell prints it: a line of its own, glued to a progress bar, a job's status, a script's line.
+LOCALIZED_KILLED = [
+    "Processus arrêté",  # fr, libc
+    "run.sh : ligne 12 :  4021 Tué                     python train.py",  # fr, bash
+    "Getötet",  # de, libc
+    "./train.sh: Zeile 7:  4021 Getötet                 python train.py",  # de
+    "[1]+  Abgebrochen (Killed)    python train.py",  # de, bash
+    "已杀死",  # zh_CN
+    "Loading checkpoint shards:  50%|#####     | 4/8 [02:10<02:22, 35.73s/it]已杀死",
+    "train.sh: 第 12 行：12345 已杀死               python train.py",  # zh_CN, bash
+    "Matado",  # es, bash
+    "[2]-  Terminado (killed)      torchrun --nproc_per_node 8 train.py",  # es, libc
+    "強制終了",  # ja
+    "  4021 強制結束                python train.py",  # zh_TW
+]
+
+
+@pytest.mark.parametrize("line", LOCALIZED_KILLED)
+def test_localized_shell_killed_is_probable_host_oom(line: str) -> None:
+    from launcher.failures._anchors import ALL_NEEDLES
+
+    lines = ["step 1200 loss 0.81", line]
+    d = explain_lines(lines)
+    assert (d.failure, d.cause, d.signature, d.line, d.phase) == (
+        "host_oom", "unknown", "shell_killed", 2, None), d
+    assert d.note.startswith("probable host OOM") and all(e in d.advice for e in CONFIRMING)
+    assert ALL_NEEDLES.search_line(line)  # a candidate line, for the file scanner too
+    assert explain_stream(io.BytesIO(("\n".join(lines) + "\n").encode())) == d
+    # the supervisor stops the job on it, as on the English word
+    watcher = LogWatcher(platform="local")
+    assert watcher.feed(lines[0]) is None and watcher.feed(line) is not None
+
+
+@pytest.mark.parametrize("line", [
+    "Killed 3 stale workers before the restart",
+    "Killed two birds at step 12",
+    "Processus arrêté par l'utilisateur à 12:03",
+    "Getötet: 3 Prozesse beendet",
+    "僵尸进程已杀死",  # "the zombie process was killed", inside a sentence
+    "已杀死 3 个僵尸进程",
+    "Terminado (killed) el proceso 4021 por el usuario",
+    "Abgebrochen",  # SIGABRT's "Aborted" in German, not a kill
+    "Matado el proceso zombi",
+])
+def test_killed_in_a_sentence_is_no_failure(line: str) -> None:
+    d = explain_lines(["step 1", line, "step 2"])
+    assert d.failure == "none", d
+
+
+# oneDNN's messages as PyTorch (and MXNet) raise them.
+ONEDNN_FORMS = [
+    "RuntimeError: could not create a primitive descriptor for a convolution forward "
+    "propagation primitive",
+    "RuntimeError: could not create a primitive descriptor for a deconvolution forward "
+    "propagation primitive. Run workload with environment variable ONEDNN_VERBOSE=all to get "
+    "additional diagnostic information.",
+    "RuntimeError: could not create a primitive",
+    "RuntimeError: could not create a primitive descriptor for a matmul primitive",
+    "mxnet.base.MXNetError: MXNetError: could not create a primitive",
+]
+
+
+@pytest.mark.parametrize("line", ONEDNN_FORMS,
+                         ids=["conv", "deconv_verbose", "primitive", "matmul", "mxnet"])
+def test_onednn_primitive_is_probable_host_oom_alone(line: str) -> None:
+    """Nothing says memory was short and no cap is known: probable host memory, with what would
+    confirm it (ONEDNN_VERBOSE) and what it is otherwise (an unsupported op)."""
+    d = explain_lines(["epoch 1 step 40 loss 2.21", line])
+    assert (d.failure, d.cause, d.signature, d.line) == (
+        "host_oom", "unknown", "onednn_primitive", 2), d
+    assert d.note.startswith("probable host OOM")
+    assert "ONEDNN_VERBOSE=all" in d.advice and d.advice.startswith("probably host RAM ran out")
+    assert "torch.backends.mkldnn.enabled = False" in d.advice
+
+
+def test_onednn_primitive_is_host_oom_under_a_cap_or_with_memory_evidence() -> None:
+    lines = _lines("onednn_primitive_cpu.log")
+    capped = explain_lines(lines, platform="local", capped=True)
+    assert (capped.failure, capped.signature, capped.phase) == (
+        "host_oom", "onednn_primitive", "forward")
+    assert "memory cap" in capped.note and "probabl" not in capped.note + capped.advice
+    assert "halve the micro-batch" in capped.advice
+    assert explain_file(str(FIXTURES / "onednn_primitive_cpu.log"), capped=True) == capped
+    # `ulimit -v` before the run: the log itself shows the cap
+    ulimit = explain_file(str(FIXTURES / "onednn_primitive_ulimit.log"))
+    assert "'ulimit -v'" in ulimit.note and "probabl" not in ulimit.advice
+    assert ulimit.phase == "backward"
+    # the kernel's OOM killer after it bears it out
+    dmesg = explain_lines([*lines, "[ 9123.4] Out of memory: Killed process 77 (python)"])
+    assert (dmesg.line, dmesg.signature) == (18, "onednn_primitive")
+    assert "line 19 reports host memory (kernel_oom_killer)" in dmesg.note
+    # alone: probable
+    alone = explain_lines(lines)
+    assert alone.note.startswith("probable") and alone.phase == "forward"
+
+
+@pytest.mark.parametrize("line", [
+    "INFO: could not create a primitives cache, using defaults",
+    "building primitive descriptors for 12 layers",
+    "the primitive could not be created for conv1; falling back to the reference kernel",
+    "warning: primitive cache capacity 1024 reached",
+])
+def test_primitive_in_other_text_is_no_failure(line: str) -> None:
+    assert explain_lines(["step 1", line, "step 2"]).failure == "none"
+
+
+def test_launch_explain_reads_a_localized_kill_as_probable_host_oom(cli) -> None:
+    path = str(FIXTURES / "shell_killed_de.log")
+    result = cli("explain", path, "--json")
+    assert result.status == 0, result.stderr
+    data = result.json()
+    assert (data["failure"], data["cause"], data["signature"], data["line"]) == (
+        "host_oom", "unknown", "shell_killed", 4)
+    assert data["note"].startswith("probable host OOM")
+    assert all(evidence in data["advice"] for evidence in CONFIRMING)
+    text = cli("explain", path).stdout
+    assert "failure: host_oom (line 4); cause: unknown" in text
+    assert "advice: probably host RAM ran out" in text
+    managed = cli("explain", path, "--platform", "vertex", "--json").json()
+    assert managed["failure"] == "host_oom" and "probabl" not in managed["advice"]

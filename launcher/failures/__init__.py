@@ -19,13 +19,16 @@
 **Failure.** Any allocator's out-of-memory message is a memory failure: PyTorch's CUDA/HIP/XPU/MPS
 messages of every era (with or without figures), the CPU allocator's, cuBLAS/cuDNN allocation
 failures, NCCL's CUDA OOM, XLA's RESOURCE_EXHAUSTED, TensorFlow's OOM. Host memory: the kernel's
-OOM killer, Kubernetes' OOMKilled, Vertex's "ran out-of-memory", SageMaker's OutOfMemoryError, the
-shell's "Killed", DataLoader workers killed, /dev/shm exhausted, Python's MemoryError. A bare
-SIGKILL / exit 137 / -9 counts as host memory only on a managed platform (Vertex, SageMaker,
-AI Platform), where nothing but the kernel's OOM killer sends it unannounced; elsewhere it is
-``other`` with a note. Not memory: NCCL timeouts (and the "more than 1EB" request that follows one),
-illegal memory accesses, device-side asserts, cuDNN/CUDA errors, a full disk, preemption. No
-failure at all is ``none``.
+OOM killer, Kubernetes' OOMKilled, Vertex's "ran out-of-memory", SageMaker's OutOfMemoryError,
+DataLoader workers killed, /dev/shm exhausted, Python's MemoryError. A bare SIGKILL / exit 137 /
+-9, and the shell's "Killed" (in the languages of glibc's and bash's catalogs too), is host
+memory for certain on a managed platform (Vertex, SageMaker, AI Platform), where nothing but the
+kernel's OOM killer sends it unannounced, and *probable* host memory elsewhere: the note says so
+and the advice names what would confirm it (dmesg, the container's OOMKilled status, the node's
+memory graph). oneDNN's "could not create a primitive" is host memory under a memory cap
+(``capped=True``) or with memory pressure in the log, probable host memory otherwise. Not memory:
+NCCL timeouts (and the "more than 1EB" request that follows one), illegal memory accesses,
+device-side asserts, cuDNN/CUDA errors, a full disk, preemption. No failure at all is ``none``.
 
 **Root cause.** The launcher's own ``{"launch": "oom", ...}`` line settles failure and phase;
 otherwise the first out-of-memory message in the log wins over everything after it (other ranks'

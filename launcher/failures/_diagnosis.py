@@ -154,6 +154,30 @@ _PHASE_REASON = {
 }
 
 
+#: Readings that are host memory only probably: what each rests on (the note) and what would
+#: confirm it (said in the advice). ``kill``: a bare SIGKILL (exit 137 / -9, "Signal 9 (SIGKILL)
+#: received by PID", the shell's "Killed") off a managed platform: the kernel's OOM killer sends
+#: most of them, but not all. ``onednn``: oneDNN's "could not create a primitive" with nothing
+#: in the log showing memory pressure and no memory cap known.
+PROBABLE_NOTES = {
+    "kill": ("probable host OOM, not a certain one: killed by SIGKILL with no memory message in "
+             "the log; the kernel's out-of-memory killer sends most such kills, but a user's "
+             "kill -9, a scheduler's limit or torchrun's escalation after SIGTERM send them too"),
+    "onednn": ("probable host OOM, not a certain one: oneDNN says it could not create a primitive "
+               "when its scratchpad cannot be allocated, and also when it has no implementation "
+               "for the shapes, dtype or CPU; nothing in the log shows memory pressure and the run "
+               "is not known to be under a memory cap"),
+}
+CONFIRM = {
+    "kill": ("confirm with `dmesg | grep -i \"killed process\"` on the node (the kernel's OOM "
+             "killer names the process it killed), the container's OOMKilled status (`docker "
+             "inspect`, `kubectl describe pod`) or the node's memory graph at that time"),
+    "onednn": ("confirm by rerunning with ONEDNN_VERBOSE=all (an out_of_memory status is memory, "
+               "unimplemented is not) or by comparing the job's peak memory (`/usr/bin/time -v`, "
+               "the node's memory graph) with the machine's RAM or its cap"),
+}
+
+
 def host_cause(signature: str, cause_hint: str | None, phase: str | None,
                device: str | None) -> Cause:
     if cause_hint == "shared_memory":
@@ -188,9 +212,6 @@ _OTHER_ADVICE = {
                 "versions (and /dev/shm if DataLoader workers were involved)",
     "too_many_open_files": "not a memory shortage: the open-file limit; raise `ulimit -n` or use "
                            "torch.multiprocessing.set_sharing_strategy('file_system')",
-    "sigkill": "killed by SIGKILL with no memory message in the log: if `dmesg` (or the platform) "
-               "shows the kernel's OOM killer, treat it as host memory; otherwise something "
-               "else stopped the job",
     "sigterm": "the job was told to stop (SIGTERM): look for the failure that came first, or a "
                "cancellation or preemption",
     "child_failed": "a worker failed: its own error, earlier in the log, is the cause",
@@ -202,10 +223,20 @@ _OTHER_ADVICE = {
 }
 
 
+_HOST_REMEDY = ("lower DataLoader num_workers, load weights lazily (low_cpu_mem_usage / mmap) and "
+                "avoid holding whole datasets in memory, or pick a machine with more RAM")
+# oneDNN's scratchpad and buffers are the op's: they grow with the batch it computes.
+_ONEDNN_REMEDY = (f"{remedies.SMALLER_MICRO_BATCH.advice} (global batch unchanged), since "
+                  "oneDNN's scratchpad and buffers grow with it, or raise the memory cap / pick a "
+                  "machine with more RAM")
+
+
 def advice(failure: str, cause: str | None, phase: str | None, signature: str, reason: str,
-           micro_batch_size: int | None = None) -> str:
+           micro_batch_size: int | None = None, probable: str = "") -> str:
     """The next plan change, in words a person can check: the remedies' own advice
-    (``launcher/remedies.py``), in their order, where it is a remedy of the plan."""
+    (``launcher/remedies.py``), in their order, where it is a remedy of the plan. ``probable``:
+    a host-memory reading that is only probable (a key of :data:`PROBABLE_NOTES`): the advice
+    says so and what would confirm it before the remedy."""
     because = f" ({reason})" if reason else ""
     if failure == "none":
         return "nothing to change: the log reports no failure"
@@ -224,9 +255,21 @@ def advice(failure: str, cause: str | None, phase: str | None, signature: str, r
         if cause == "model_states":
             return ("the model states do not fit in host RAM: pick a machine with more memory or "
                     "load weights lazily (low_cpu_mem_usage, meta device, mmap)")
-        return ("host RAM ran out (not GPU memory): lower DataLoader num_workers, load weights "
-                "lazily (low_cpu_mem_usage / mmap) and avoid holding whole datasets in memory, "
-                "or pick a machine with more RAM")
+        onednn = signature == "onednn_primitive"
+        remedy = _ONEDNN_REMEDY if onednn else _HOST_REMEDY
+        where = " in oneDNN" if onednn else ""
+        if probable == "kill":
+            # No plan change is certain here: the remedies are the host ones, never the
+            # micro-batch (a kill leaves no traceback, so no phase says what was allocated).
+            return (f"probably host RAM ran out (not GPU memory), though a bare SIGKILL does not "
+                    f"say so: {CONFIRM['kill']}. If it did, {remedy}; if none of them shows a "
+                    "memory kill, something else stopped the job and the plan need not change")
+        if probable == "onednn":
+            return (f"probably host RAM ran out{where} (not GPU memory), though the message does "
+                    f"not say so: {CONFIRM['onednn']}. If it did, {remedy}; if not, the op is not "
+                    "supported for this CPU, shape or dtype (torch.backends.mkldnn.enabled = "
+                    "False runs it without oneDNN)")
+        return f"host RAM ran out{where} (not GPU memory): {remedy}"
     # gpu_oom
     if cause == "other_process":
         return ("free the GPU and resubmit the same plan: another process holds its memory"

@@ -8,9 +8,14 @@ wins, so a specific message (PyTorch's CUDA out-of-memory) is never mistaken for
 - every allocator's out-of-memory message is a *memory* failure, whatever exception wraps it;
 - a request no machine could serve ("Tried to allocate more than 1EB") is *not* one: the size is
   garbage handed over after a collective failed (NCCL issue 1284, case 015);
-- a process killed by SIGKILL / exit 137 / -9 is a host out-of-memory kill only with corroboration
-  (the kernel's "Killed process", Kubernetes' OOMKilled, a platform's "ran out-of-memory", the
-  shell's "Killed"); on its own it is *weak* evidence that :mod:`._watch` weighs at the end;
+- a process killed by SIGKILL / exit 137 / -9 is a host out-of-memory kill for certain only with
+  corroboration (the kernel's "Killed process", Kubernetes' OOMKilled, a platform's "ran
+  out-of-memory"); on its own it is *weak* evidence that :mod:`._watch` weighs at the end: host
+  memory on a managed platform, *probable* host memory elsewhere (the kernel's OOM killer sends
+  most of them, but not all). The shell's "Killed" (in any language its catalogs hold) is the
+  same kill as the shell reports it: a memory failure the job stops on, probable as well;
+- oneDNN's "could not create a primitive" is host memory (creating a primitive allocates its
+  scratchpad), with the confidence the log supports (:mod:`._watch`);
 - NCCL timeouts, illegal memory accesses, device-side asserts, cuDNN errors, a full disk and
   preemption are failures of another kind, ranked so that a root cause outranks the cascade that
   follows it (``tier``: 1 specific root causes, 2 exceptions, 3 distributed cascades, 4 process
@@ -62,6 +67,9 @@ class Finding:
     event: dict[str, Any] | None = None
     note: str = ""
     complete: bool = True  # False: an allocator message whose figures continue on the next line
+    # What in the log shows memory was short where the message itself does not say it (oneDNN's
+    # "could not create a primitive" after a line naming RLIMIT_AS): "" when nothing does.
+    evidence: str = ""
 
     @property
     def is_oom(self) -> bool:
@@ -151,6 +159,25 @@ def _rx(pattern: str, flags: int = 0) -> re.Pattern[str]:
 
 
 _I = re.IGNORECASE
+
+# The shell's "Killed" (a SIGKILL's description) in other languages, as the gettext catalogs of
+# glibc (libc.mo: strsignal, which dash and most bash builds print) and of bash (bash.mo: a bash
+# built with its own signal list) translate it: msgstr of msgid "Killed" in Debian's catalogs.
+# Only words whose letters have no case outside ASCII: needles are matched lower-cased byte by
+# byte (as ._anchors lowers a block), so "Убито" (ru) could never be found; a word a sentence
+# could end in is not enough on its own ("Abgebrochen" is SIGABRT's "Aborted" in German). Each
+# word is a needle the file scanner searches every block for, so not every catalog's: pt's
+# "Morto" and it's "Ucciso" cost a tenth more on English prose, ko's "죽었음" a search pass more
+# on binary text (bench/bench_explain.py).
+KILLED_WORDS = (
+    "Processus arrêté", "Tué",  # fr: libc; bash, coreutils
+    "Getötet", "Abgebrochen (Killed)",  # de: libc; bash
+    "Terminado (killed)", "Matado",  # es: libc; bash
+    "已杀死",  # zh_CN
+    "強制結束",  # zh_TW
+    "強制終了",  # ja: libc (bash's ja catalog keeps "Killed")
+)
+_KW = "(?:" + "|".join(re.escape(w) for w in sorted(KILLED_WORDS, key=len, reverse=True)) + ")"
 _SHM_CONTEXT = r"(?:/dev/shm|</?torch_\d|\bshm\b|shared memory|share_memory|storage_share)"
 
 RULES: tuple[Rule, ...] = (
@@ -181,6 +208,16 @@ RULES: tuple[Rule, ...] = (
              r"posix_memalign[^\n]{0,200}?(?:\bENOMEM\b|Cannot allocate memory|"
              r"\b(?:error code|errno|err)\s*[=:]?\s*12\b)", _I), HOST_OOM,
          figures=other_figures, needles=_n("DefaultCPUAllocator", "posix_memalign")),
+    # oneDNN (mkldnn / ideep, under PyTorch's CPU convolutions and matmuls; MXNet, Paddle): "could
+    # not create a primitive" when creating a primitive fails, which is where its scratchpad is
+    # allocated (oneDNN >= 1.7 returns out_of_memory there instead of crashing: oneDNN issue 848,
+    # MXNet issue 19265), and "could not create a primitive descriptor for a convolution forward
+    # propagation primitive" (".. Run workload with environment variable ONEDNN_VERBOSE=all ...")
+    # when no implementation takes the problem. Neither says which: under a memory cap (RLIMIT_AS,
+    # a cgroup) it is the allocation; it is also what oneDNN says for shapes, dtypes or CPUs it has
+    # no implementation for. Host memory, as certain as the log makes it (._watch).
+    Rule("onednn_primitive", _rx(r"\bcould not create a primitive\b", _I), HOST_OOM,
+         needles=_n("could not create a primitive")),
     Rule("dataloader_bus_error",
          _rx(r"(?:DataLoader worker \(pid[^)]*\) is killed by signal: Bus error|"
              r"Unexpected bus error encountered in worker|insufficient shared memory)", _I),
@@ -270,13 +307,22 @@ RULES: tuple[Rule, ...] = (
     # "line 12:  4021 Killed   python train.py", an interactive "[1]+ Killed ...", zsh's
     # "zsh: killed  python train.py". Not a word that merely ends or starts a sentence ("... the
     # test Killed"): that read random text as host memory (issue 16). A line that is only the word
-    # is the shell's report, whatever surrounds it.
+    # is the shell's report, whatever surrounds it. The same in the catalogs' other languages
+    # (KILLED_WORDS: "Getötet", "已杀死"): a line of its own, "[1]+  Getötet   python ...",
+    # bash's "run.sh: Zeile 12:  4021 Getötet   python ..." ("第 12 行：4021 已杀死 ..."), glued to
+    # a progress bar's last bracket.
     Rule("shell_killed",
-         _rx(r"^\s*Killed(?::\s*9)?\s*$|(?<=[^\sA-Za-z0-9_])Killed\s*$|"
-             r"\b[Ll]ine \d+:\s+\d+\s+Killed\b|^\s*(?:\[\d+\][+-]?\s+)?\d*\s*Killed\s{2,}\S|"
-             r"^\s*Killed\s+(?:python\S*|torchrun|accelerate|deepspeed)\b|\bzsh: killed\s+\S"),
+         # (The forms that start a line share one "^\s*": fewer alternatives to try at each
+         # position of a line that holds the word but is no kill.)
+         _rx(r"^\s*(?:Killed(?::\s*9)?\s*$|(?:\[\d+\][+-]?\s+)?\d*\s*Killed\s{2,}\S|"
+             r"Killed\s+(?:python\S*|torchrun|accelerate|deepspeed)\b|"
+             + _KW + r"\s*$|\[\d+\][+-]?\s+(?:\d+\s+)?" + _KW + r"(?:\s*$|\s+\S)|"
+             r"\d+\s+" + _KW + r"(?:\s*$|\s{2,}\S))|"
+             r"(?<=[^\sA-Za-z0-9_])(?:Killed|(?<=[!-/:-@\[-`{-~])" + _KW + r")\s*$|"
+             r"\b[Ll]ine \d+:\s+\d+\s+Killed\b|\bzsh: killed\s+\S|"
+             r"[:\uff1a]\s*\d+\s+" + _KW + r"(?:\s*$|\s+\S)"),
          HOST_OOM, unless=_rx(r"Killed by|Killed(?: the)? (?:job|worker|process group)", _I),
-         needles=_n("Killed", "zsh: killed")),
+         needles=_n("Killed", "zsh: killed", *KILLED_WORDS)),
     Rule("generic_out_of_memory",
          _rx(r"(?:Error|Exception|FATAL|Fatal|fatal|error)\b[^\n]{0,60}\b(?:out of memory|"
              r"OOM\b)|^\s*(?:GPU|CUDA|device) (?:OOM|out of memory)\b|\bOOM error\b", _I),
@@ -286,13 +332,16 @@ RULES: tuple[Rule, ...] = (
                                    for also in ("error", "exception", "fatal", "GPU", "CUDA",
                                                 "device")))),
     # --- a process killed by a signal: weak evidence of the kernel OOM killer -------------
+    # (DeepSpeed's launcher: "[launch.py:434:sigkill_handler] [...] exits with return code = -9")
     Rule("sigkill",
          _rx(r"\bSIGKILL\b|\b[Ss]ignal 9\b|\bsignal: killed\b|"
              r"\bexit(?:[ _]?code|[ _]status|ed with (?:a )?(?:non-zero )?(?:exit )?"
              r"(?:status|code))(?: of)?\"?\s*[:=]?\s*\(?(?:137|-9)\b|"
              r"non-zero (?:exit )?status(?: of)? (?:137|-9)\b|status of 9\s*\(SIGKILL|"
-             r"ExitCode[:\s]+137\b|exit code:? 137\b", _I),
-         SIGKILL, 3, needles=_n("SIGKILL", "signal 9", "signal: killed", *_EXIT_WORDS)),
+             r"ExitCode[:\s]+137\b|exit code:? 137\b|"
+             r"\breturn ?code\s*[:=]?\s*(?:137|-9)\b", _I),
+         SIGKILL, 3, needles=_n("SIGKILL", "signal 9", "signal: killed", *_EXIT_WORDS,
+                                "return code", "returncode")),
     # --- failures of another kind ---------------------------------------------------------
     Rule("device_side_assert",
          _rx(r"device-side assert|Assertion [`'][^\n]{0,400}?[`'] failed", _I), OTHER, 1,

@@ -248,8 +248,10 @@ def scan_stream(stream: BinaryIO, watcher: LogWatcher) -> ScanStats:
     return stats
 
 
-def explain_stream(stream: BinaryIO, platform: str | None = None) -> Diagnosis:
-    watcher = LogWatcher(platform=platform)
+def explain_stream(stream: BinaryIO, platform: str | None = None, *,
+                   capped: bool = False) -> Diagnosis:
+    """Classify a binary stream; ``platform`` and ``capped`` as :class:`LogWatcher` takes them."""
+    watcher = LogWatcher(platform=platform, capped=capped)
     stats = scan_stream(stream, watcher)
     diagnosis = watcher.result()
     notes = []
@@ -265,7 +267,8 @@ def explain_stream(stream: BinaryIO, platform: str | None = None) -> Diagnosis:
     return diagnosis
 
 
-def explain_file(path_or_dash: str, platform: str | None = None) -> Diagnosis:
+def explain_file(path_or_dash: str, platform: str | None = None, *,
+                 capped: bool = False) -> Diagnosis:
     """Classify a log file (``-`` reads standard input), streaming it in bounded memory.
 
     Bytes that are not UTF-8 are replaced, NUL bytes and lines of hundreds of megabytes are fine;
@@ -273,14 +276,15 @@ def explain_file(path_or_dash: str, platform: str | None = None) -> Diagnosis:
     raises OSError (the CLI turns it into a usage error).
     """
     if path_or_dash == "-":
-        return explain_stream(sys.stdin.buffer, platform)
+        return explain_stream(sys.stdin.buffer, platform, capped=capped)
     with open(path_or_dash, "rb") as stream:
-        return explain_stream(stream, platform)
+        return explain_stream(stream, platform, capped=capped)
 
 
-def explain_lines(lines: Iterable[str], platform: str | None = None) -> Diagnosis:
+def explain_lines(lines: Iterable[str], platform: str | None = None, *,
+                  capped: bool = False) -> Diagnosis:
     """Classify a log given as lines (a list, a generator over a provider's log stream)."""
-    watcher = LogWatcher(platform=platform)
+    watcher = LogWatcher(platform=platform, capped=capped)
     for line in lines:
         watcher.feed(line)
     return watcher.result()

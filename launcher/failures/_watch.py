@@ -24,6 +24,7 @@ from typing import Any
 from launcher.failures._anchors import NeedleSet, needles_for
 from launcher.failures._clean import ANSI, MAX_SEGMENT, Segment, segments, strip_prefixes, text_rank
 from launcher.failures._diagnosis import (
+    PROBABLE_NOTES,
     Diagnosis,
     advice,
     gpu_cause,
@@ -57,6 +58,17 @@ _NEW_MESSAGE = re.compile(
     r"[\w.]*(?:Error|Exception|Warning)\b|\{)"
 )
 _TF_CPU = re.compile(r"device:CPU|cpu_bfc|\bon cpu\b|mklcpu", re.IGNORECASE)
+# A SIGKILL, bare or as the shell reports it: no traceback says what was being allocated.
+_KILLS = frozenset({"sigkill", "shell_killed"})
+# Host-memory readings that are a guess unless something else in the log bears them out; none of
+# them bears out another.
+_PROBABLE = frozenset({*_KILLS, "onednn_primitive"})
+# Next to oneDNN's "could not create a primitive" (its own line and the 48 before it): words that
+# say memory was capped or short, which no rule reads as a failure of its own (a cap, oneDNN's
+# verbose status, a scratchpad's size).
+_MEMORY_PRESSURE = re.compile(
+    r"\bRLIMIT_AS\b|\bulimit -[vm]\b|memory\.max\b|memory[-_ ]limit|address[- ]space|"
+    r"\bout_of_memory\b|scratchpad|Cannot allocate memory|\bENOMEM\b", re.IGNORECASE)
 _SHM_TRACE = re.compile(r"/dev/shm|multiprocessing/(?:queues|reduction)|torch/multiprocessing/|"
                         r"storage_share|share_memory_|DataLoader worker|_worker_loop")
 
@@ -128,11 +140,17 @@ class LogWatcher:
 
     ``platform`` is the provider the log comes from ("local", "vertex", "sagemaker"): on a managed
     platform a bare SIGKILL / exit 137 is the kernel's out-of-memory kill (the platform reports its
-    own stops in words), on a local run it may be anything.
+    own stops in words); on a local run, or one from nowhere known, it is a *probable* one (the
+    kernel's OOM killer sends most, a user's ``kill -9`` or a scheduler some), said so in the note
+    and the advice with what would confirm it. ``capped``: the run was under a memory cap
+    (``--memory-limit``'s RLIMIT_AS, a cgroup limit), where oneDNN's "could not create a
+    primitive" is its allocation failing; without one, and with nothing in the log showing memory
+    pressure, that reading is probable too.
     """
 
-    def __init__(self, platform: str | None = None) -> None:
+    def __init__(self, platform: str | None = None, *, capped: bool = False) -> None:
         self._platform = platform is not None and platform.lower() in MANAGED_PLATFORMS
+        self._capped = capped
         self._platform_seen = False
         self._lineno = 0
         self._context: deque[_Context] = deque(maxlen=CONTEXT_LINES)
@@ -318,9 +336,22 @@ class LogWatcher:
             finding.signature = "shm_exhausted"
         elif rule.signature == "torch.OutOfMemoryError" and not torch_message_complete(text):
             finding.complete = False
-        if finding.is_oom and len(self._oom) < _KEEP:  # (the phase of one not kept is moot)
+        elif rule.signature == "onednn_primitive":
+            finding.evidence = self._memory_pressure(text, lineno)
+        # (The phase of one not kept is moot; a kill leaves no traceback to read one from.)
+        if finding.is_oom and len(self._oom) < _KEEP and signature not in _KILLS:
             finding.phase = self._phase_before(finding)
         return finding
+
+    def _memory_pressure(self, text: str, lineno: int) -> str:
+        """Where the message, or the lines before it, say memory was capped or short: "" if
+        nowhere. (Only read for a oneDNN failure, which is rare: no cost on other lines.)"""
+        nearest_first = [(lineno, text), *((n, t) for n, _, t in reversed(self._window(lineno)))]
+        for n, t in nearest_first:
+            match = _MEMORY_PRESSURE.search(t)
+            if match:
+                return f"line {n} says {match.group(0)!r}"
+        return ""
 
     def _event_finding(self, seg: Segment, lineno: int) -> Finding | None:
         event = seg.event or {}
@@ -354,7 +385,7 @@ class LogWatcher:
             if not finding.complete and self._pending is None:
                 self._pending, self._pending_left = finding, JOIN_LINES
                 self._pending_raw = [finding.text]
-            if finding.phase is None:
+            if finding.phase is None and finding.signature not in _KILLS:
                 self._after, self._after_left, self._after_chained = finding, AFTER_LINES, False
         elif finding.kind == SIGKILL:
             if self._weak is None:
@@ -454,6 +485,14 @@ class LogWatcher:
             late.append(self._weak)
         return min(late, key=lambda f: (f.tier, f.line)) if late else None
 
+    def _backing(self, root: Finding) -> Finding | None:
+        """Another host-memory finding that bears out a probable one (the kernel's "Killed
+        process" after the shell's "Killed"): one that is not itself a guess."""
+        for other in self._oom:
+            if other is not root and other.kind == HOST_OOM and other.signature not in _PROBABLE:
+                return other
+        return None
+
     def _diagnose(self, root: Finding) -> Diagnosis:
         fig = dataclasses.replace(root.figures)
         phase = root.phase
@@ -481,21 +520,40 @@ class LogWatcher:
         cause: str | None
         reason = ""
         micro_batch = _int((root.event or {}).get("micro_batch_size"), None)
-        if failure == SIGKILL:
+        probable = ""
+        if signature in _KILLS:
+            # A bare SIGKILL (weak evidence) or the shell's report of one: host memory, certain
+            # where nothing but the kernel's OOM killer sends it unannounced or another line
+            # reports host memory, probable elsewhere.
+            failure, cause = HOST_OOM, "unknown"
+            backing = self._backing(root)
             if self._platform or self._platform_seen:
-                failure, cause = HOST_OOM, "unknown"
                 note = ("killed by SIGKILL on a managed platform with no other error: the "
                         "kernel's out-of-memory killer is what sends it there (the platform "
                         "reports its own stops in words)")
+            elif backing is not None:
+                note = (f"killed by SIGKILL, and line {backing.line} reports host memory "
+                        f"({backing.signature})")
             else:
-                failure, cause = OTHER, None
-                note = ("killed by SIGKILL with no memory message; check `dmesg` for the "
-                        "kernel's OOM killer")
+                probable, note = "kill", PROBABLE_NOTES["kill"]
         elif failure == GPU_OOM:
             cause, reason = gpu_cause(fig, phase)
         elif failure == HOST_OOM:
             device = (root.event or {}).get("device")
             cause = host_cause(signature, root.cause, phase, device)
+            if signature == "onednn_primitive":
+                backing = self._backing(root)
+                evidence = root.evidence  # a cap or a shortage named near it
+                if self._capped:
+                    evidence = "the run is under a memory cap"
+                elif not evidence and backing is not None:
+                    evidence = f"line {backing.line} reports host memory ({backing.signature})"
+                if evidence:
+                    note = (f"oneDNN could not create a primitive with host memory short "
+                            f"({evidence}): creating one allocates its scratchpad, and a failed "
+                            "allocation is reported so")
+                else:
+                    probable, note = "onednn", PROBABLE_NOTES["onednn"]
         else:
             cause = None
         if failure == OTHER:
@@ -512,7 +570,7 @@ class LogWatcher:
             rank=rank,
             line=root.line,
             excerpt=text,
-            advice=advice(failure, cause, phase, signature, reason, micro_batch),
+            advice=advice(failure, cause, phase, signature, reason, micro_batch, probable),
             phase=phase,
             signature=signature,
             host=root.host,
