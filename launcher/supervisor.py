@@ -38,6 +38,10 @@ BEHIND_REPEAT_S = 60.0
 #: helps), or a sentence (a change would help, but the script cannot see it).
 Replanner = Callable[[Plan, Failure], "tuple[Plan, str] | str | None"]
 
+#: Why a job's summary has no steps, loss or peak memory: it wrote no progress events.
+UNREPORTED = "the job wrote no progress events"
+PLAIN_UNREPORTED = "a plain script reports no progress events"
+
 
 @dataclass
 class Progress:
@@ -52,10 +56,15 @@ class Progress:
     resumed_from: int | None = None
     oom: OomEvent | None = None
     done_ranks: set[int] = field(default_factory=set)
+    #: Whether any line said where training was (metrics, done, resume, oom): a plain script
+    #: writes none, and then its steps are unknown, not 0.
+    reported: bool = False
 
     def update(self, event: dict[str, Any]) -> None:
         kind = event.get("launch")
         rank = event.get("rank", 0)
+        if kind in ("metrics", "done", "resume", "oom"):
+            self.reported = True
         if kind == "metrics":
             if rank == 0:
                 self.step = max(self.step, int(event.get("step", 0)))
@@ -76,12 +85,18 @@ class Progress:
                 self.loss = event.get("loss", self.loss)
                 self.checkpoint = event.get("checkpoint") or self.checkpoint
 
-    def summary(self) -> dict[str, Any]:
-        return {
-            "steps": self.step, "loss": self.loss, "peak_allocated_bytes": self.peak_allocated,
+    def summary(self, unreported: str = UNREPORTED) -> dict[str, Any]:
+        """What the events said; without any, ``steps`` is None (not 0) and ``not_reported``
+        says why (``unreported``)."""
+        out = {
+            "steps": self.step if self.reported else None, "loss": self.loss,
+            "peak_allocated_bytes": self.peak_allocated,
             "peak_reserved_bytes": self.peak_reserved, "peak_rss_bytes": self.peak_rss,
             "checkpoint": self.checkpoint, "resumed_from_step": self.resumed_from,
         }
+        if not self.reported:
+            out["not_reported"] = unreported
+        return out
 
 
 def _max(a: int | None, b: Any) -> int | None:
@@ -106,9 +121,9 @@ def build_job(spec: Spec, plan: Plan, run_id: str, number: int, run_path: Path) 
         run_id=run_id, attempt=number, checkpoint_dir=str(run_path / "checkpoints"),
         log_every=spec.log_every, checkpoint_every=spec.checkpoint_every, seed=spec.seed,
         max_grad_norm=spec.max_grad_norm, weight_decay=spec.weight_decay,
-        framework=spec.framework,
+        framework=spec.framework, pinned=list(spec.pinned),
     )
-    rendered: RenderedJob = render(plan, settings)
+    rendered: RenderedJob = render(plan, settings, spec.script_args)
     attempt_dir = run_path / f"attempt-{number}"
     return Job(
         run_id=run_id, attempt=number, plan=plan, rendered=rendered,
@@ -302,7 +317,11 @@ class Supervisor:
         diagnosis = watcher.result()
         if diagnosis.failure == "other":
             attempt.diagnosis = diagnosis.to_dict()
-        if progress.oom is not None or diagnosis.failure in MEMORY_FAILURES:
+        if status.state == JobState.CANCELLED and stopped_at is None:
+            # Stopped by someone (`launch cancel`, the console), not by us for an OOM: the
+            # SIGKILL a stop ends with reads as a probable host OOM, and must not be replanned.
+            attempt.outcome = Outcome.CANCELLED
+        elif progress.oom is not None or diagnosis.failure in MEMORY_FAILURES:
             attempt.outcome = Outcome.OOM
             event = progress.oom.fields if progress.oom is not None else {}  # less "launch"
             attempt.diagnosis = {**diagnosis.to_dict(), **event}
@@ -314,7 +333,11 @@ class Supervisor:
             attempt.outcome = Outcome.CANCELLED
         else:
             attempt.outcome = Outcome.FAILED
-        attempt.summary = {**attempt.summary, **progress.summary(), "message": status.message}
+        spec = self.run.info.get("spec") or {}
+        plain = spec.get("mode") == "script" and not spec.get("framework")
+        attempt.summary = {**attempt.summary,
+                           **progress.summary(PLAIN_UNREPORTED if plain else UNREPORTED),
+                           "message": status.message}
         if most_behind:
             attempt.summary["log_behind_s"] = round(most_behind, 1)
         self.run.save_attempt(attempt)

@@ -273,6 +273,9 @@ RULE_EXAMPLES: dict[str, list[str]] = {
         "failed to allocate 32.00M (33554432 bytes) from device: CUDA_ERROR_OUT_OF_MEMORY"],
     "gpu_out_of_memory_exception": ["ray.exceptions.OutOfMemoryError: on GPU 0"],
     "out_of_memory_exception": ["java.lang.OutOfMemoryException"],
+    "onednn_primitive": ["RuntimeError: could not create a primitive",
+                         "could not create a primitive descriptor for a convolution forward "
+                         "propagation primitive"],
     "MemoryError": ["MemoryError", "numpy.core._exceptions._ArrayMemoryError: Unable",
                     "terminate called after throwing an instance of 'std::bad_alloc'",
                     "what(): bad_alloc", "OSError: [Errno 12] Cannot allocate memory",
@@ -281,7 +284,11 @@ RULE_EXAMPLES: dict[str, list[str]] = {
     "shell_killed": ["Killed", "  8/8 [02:10<02:22, 35.73s/it]Killed",
                      "run.sh: line 12:  4021 Killed                  python train.py",
                      "[1]+  Killed                  python train.py",
-                     "Killed python train.py", "zsh: killed     python train.py"],
+                     "Killed python train.py", "zsh: killed     python train.py",
+                     "Getötet", "[1]+  Abgebrochen (Killed)    python train.py",
+                     "  4021 Matado                  python train.py",
+                     "run.sh: 第 12 行：4021 已杀死   python train.py",
+                     "  8/8 [02:10<02:22]強制終了"],
     "generic_out_of_memory": ["RuntimeError: OOM", "Error: out of memory", "FATAL: OOM",
                               "GPU OOM", "device out of memory", "OOM error at step 3",
                               "Exception (OOM) in step", "error:oom"],
@@ -289,7 +296,7 @@ RULE_EXAMPLES: dict[str, list[str]] = {
                 "exited with exit code 137", "exit status 137", "exit_code=-9",
                 "exitcode: -9", "returned non-zero exit status -9",
                 "non-zero status of 137", "status of 9 (SIGKILL)", "ExitCode 137",
-                "exit code: 137"],
+                "exit code: 137", "exits with return code = -9"],
     "device_side_assert": ["device-side assert triggered",
                            "Assertion `t >= 0 && t < n_classes` failed.",
                            "Assertion 'idx < size' failed"],
@@ -392,7 +399,8 @@ def test_needle_search_finds_every_line_that_holds_a_needle(seed: int,
     rng = random.Random(seed)
     alphabet = [string.ascii_lowercase + " \n", string.ascii_uppercase + " \n_-",
                 string.printable, "".join(map(chr, range(256)))][seed % 4]
-    needles = tuple(rng.sample(sorted(_rules.NEEDLE_CATEGORIES), 40))
+    # (ASCII needles: the text is bytes read back as latin-1, in which "getötet" is not UTF-8)
+    needles = tuple(rng.sample(sorted(n for n in _rules.NEEDLE_CATEGORIES if n.isascii()), 40))
     parts = []
     for _ in range(3000):
         parts.append("".join(rng.choices(alphabet, k=rng.randint(0, 40))))
@@ -453,9 +461,11 @@ def test_platform_words_next_to_a_bare_sigkill() -> None:
     kill = "returned non-zero exit status -9"
     assert explain_lines([*before, kill]).failure == "host_oom"
     assert explain_lines([kill, *after]).failure == "host_oom"
-    assert explain_lines(["step"] * 5 + [kill] + ["step"] * 5).failure == "other"
+    alone = explain_lines(["step"] * 5 + [kill] + ["step"] * 5)  # probable, not certain
+    assert alone.failure == "host_oom" and alone.note.startswith("probable")
     far = ["cloudml"] + ["step"] * 100 + [kill]
-    assert explain_lines(far).failure == "other"
+    assert explain_lines(far).note.startswith("probable")
+    assert "managed platform" in explain_lines([*before, kill]).note
     data = ("\n".join([kill, *after]) + "\n").encode()
     assert explain_stream(io.BytesIO(data)).failure == "host_oom"
 
