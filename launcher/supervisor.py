@@ -246,8 +246,12 @@ class Supervisor:
 
         assert attempt.job_id is not None
         progress = Progress()
-        watcher = LogWatcher(platform=self.provider.name)
-        early = LogWatcher(platform=self.provider.name)  # the event channel's failure lines
+        # A run under --memory-limit: an allocator's failure there is the cap's (oneDNN's
+        # "could not create a primitive" is then certainly memory, not probably).
+        spec = self.run.info.get("spec") or {}
+        capped = isinstance(spec, dict) and spec.get("memory_limit") is not None
+        watcher = LogWatcher(platform=self.provider.name, capped=capped)
+        early = LogWatcher(platform=self.provider.name, capped=capped)  # the event channel's
         cursor: Any = None
         event_cursor: Any = None
         seen_at: float | None = None
