@@ -25,6 +25,7 @@ from typing import Any
 import click
 
 from launcher import __version__
+from launcher.cli_script import ScriptCommand
 from launcher.context import Environment
 from launcher.options import (
     CLOUDS,
@@ -186,6 +187,7 @@ def cli() -> None:
       launch train.py                       preflight, plan, render, run, watch (local)
       launch --provider vertex train.py     the same on a cloud
       launch plan train.py --json           dry run: the estimate and the plan
+      launch train.py -- --lr 3e-4          the script's own arguments go after --
       launch status|logs|cancel|attach RUN  a run is the chain of attempts of one launch
 
     Exit status: 0 ok, 1 job failed, 2 usage, 3 no plan fits, 4 over budget,
@@ -201,15 +203,20 @@ def _env() -> Environment:
 
 
 def _plan_inputs(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
-    """The command's options with the config file's provider settings that are no option
-    (``s3_prefix``), and where each option came from: what ``Runner.plan`` takes."""
-    from launcher.spec import Config
+    """The command's options with the config file's settings that are no option (``s3_prefix``,
+    ``script_args``: the arguments after ``--`` replace it), and where each option came from."""
+    from launcher.spec import SCRIPT_ARGS_LABEL, Config
 
     ctx = click.get_current_context()
-    if isinstance(ctx.default_map, Config):  # provider settings that are no option: s3_prefix
+    script_args = options.pop("script_args", None)
+    origins = _origins(ctx)
+    if isinstance(ctx.default_map, Config):  # settings that are no option: s3_prefix
         options = {**ctx.default_map.extras(p.name for p in ctx.command.params if p.name),
                    **options}
-    return options, _origins(ctx)
+        origins["script_args"] = ctx.default_map.origin("script_args")
+    if script_args is not None:
+        options["script_args"], origins["script_args"] = script_args, SCRIPT_ARGS_LABEL
+    return options, origins
 
 
 def _progress(env: Environment, quiet: bool) -> Callable[[str], Any]:
@@ -228,7 +235,7 @@ def _progress(env: Environment, quiet: bool) -> Callable[[str], Any]:
     return progress
 
 
-@cli.command("plan")
+@cli.command("plan", cls=ScriptCommand)
 @functools.partial(plan_options, script_required=False, own=PLAN_ONLY)
 def plan_command(as_json: bool, debug: bool, report_path: Path | None, show_all: bool,
                  **options: Any) -> None:
@@ -241,12 +248,12 @@ def plan_command(as_json: bool, debug: bool, report_path: Path | None, show_all:
     else:
         from launcher.report import console, print_plan
 
-        print_plan(console(env.stdout), planned.result, show_all)
+        print_plan(console(env.stdout), planned.result, show_all, planned.spec.script_args)
     if planned.result.status != ExitStatus.SUCCESS:
         raise SystemExit(planned.result.status)
 
 
-@cli.command("run")
+@cli.command("run", cls=ScriptCommand)
 @functools.partial(plan_options, own=RUN_ONLY)
 def run_command(as_json: bool, debug: bool, cancel_on_interrupt: bool, **options: Any) -> None:
     """Plan, render, submit and follow a training run (the default command)."""
@@ -257,7 +264,7 @@ def run_command(as_json: bool, debug: bool, cancel_on_interrupt: bool, **options
     planned = runner.plan(*_plan_inputs(options), progress=_progress(env, as_json))
     out = console(env.stdout if not as_json else env.stderr)
     if not as_json:
-        print_plan(out, planned.result)
+        print_plan(out, planned.result, script_args=planned.spec.script_args)
     note = (lambda text: None) if as_json else (lambda text: out.print(f"[bold]launch:[/] {text}"))
     try:
         result = runner.run(planned, on_line=_echo(out, as_json), on_note=note,
@@ -500,8 +507,9 @@ def _interrupts() -> Iterator[None]:
 def _main(args: list[str] | None, env: Environment | None) -> int:
     env = env or Environment()
     args = list(sys.argv[1:] if args is None else args)
-    debug = "--debug" in args or env.environ.get("LAUNCH_DEBUG") == "1"
-    as_json = "--json" in args
+    own = args[:args.index("--")] if "--" in args else args  # after --: the script's
+    debug = "--debug" in own or env.environ.get("LAUNCH_DEBUG") == "1"
+    as_json = "--json" in own
     try:
         defaults = None
         if _command(args) in CONFIG_COMMANDS:
@@ -510,7 +518,7 @@ def _main(args: list[str] | None, env: Environment | None) -> int:
             try:
                 config, _source = load_config(env.cwd)
             except UsageError:
-                if not {"--help", "-h"} & set(args):
+                if not {"--help", "-h"} & set(own):
                     raise
                 config = None  # help needs no config, and a broken one must not hide it
             defaults = {name: config for name in CONFIG_COMMANDS}

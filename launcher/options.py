@@ -19,8 +19,8 @@ from typing import Any, Literal
 from launcher.providers import names as provider_names
 
 #: What an option's or config key's value must be: ``count`` and ``size`` are numbers or text
-#: like ``7B`` and ``2GiB``; ``path`` is text.
-Kind = Literal["int", "float", "bool", "str", "path", "count", "size"]
+#: like ``7B`` and ``2GiB``; ``path`` is text; ``args`` a list of strings (``script_args``).
+Kind = Literal["int", "float", "bool", "str", "path", "count", "size", "args"]
 
 
 @dataclass(frozen=True)
@@ -143,6 +143,11 @@ DOCTOR_OPTIONS: tuple[Option, ...] = (
     Option("--machine", "Also check the GPU quota of this machine type."),
 )
 
+#: The script's own arguments: on the command line everything after ``--`` (``launch SCRIPT --
+#: ARGS``, which cli.py splits off before click parses the options: no option of the table), in
+#: a config file a list of strings. The arguments after ``--`` win over the config's list.
+SCRIPT_ARGS = ConfigKey("script_args", "args", "script_args")
+
 #: The commands a config file is read for (it gives their options' defaults), with their options.
 CONFIG_COMMANDS: dict[str, tuple[Option, ...]] = {
     "run": PLAN_OPTIONS + RUN_ONLY,
@@ -188,8 +193,9 @@ def provider_settings() -> dict[str, Kind]:
 
 def option_keys() -> dict[str, ConfigKey]:
     """The config keys that are options of run, plan and doctor (named as their flags:
-    ``global_batch_size``, ``report``; not --json or --debug). Imports no provider."""
-    keys: dict[str, ConfigKey] = {}
+    ``global_batch_size``, ``report``; not --json or --debug), and ``script_args``. Imports no
+    provider."""
+    keys: dict[str, ConfigKey] = {SCRIPT_ARGS.name: SCRIPT_ARGS}
     for options in CONFIG_COMMANDS.values():
         for option in options:
             keys.setdefault(option.key, ConfigKey(option.key, option.kind, option.param))

@@ -66,6 +66,7 @@ def inspect_script(
     path: Path, *, python: str = sys.executable, timeout_s: float | None = None,
     env: dict[str, str] | None = None, local: bool = True, count_flops: bool = True,
     probe: Callable[..., dict[str, Any] | None] | None = None,
+    argv: tuple[str, ...] | list[str] = (),
 ) -> ScriptInfo:
     """Classify ``path`` and, for a recipe, load it in a child process for LAUNCH and its size.
 
@@ -74,7 +75,9 @@ def inspect_script(
     the training FLOPs to the estimator's trace, which counts them on the model it traces.
     ``probe(path, count_flops=, timeout_s=)``, if given, loads a recipe in a process that is
     already running (the estimator's prestarted trace child) and may answer None: then the
-    usual child does it.
+    usual child does it. ``argv``: the script's own arguments, which a framework script is run
+    with (its ``sys.argv[1:]``) up to where training starts; a recipe takes none
+    (``spec.refuse_recipe_args``) and a plain script is not run here.
     """
     mode, hooks = classify(path)
     if mode == "script":
@@ -82,7 +85,8 @@ def inspect_script(
 
         detected = detect(path)
         if detected is not None:  # run to where training starts (a time limit), not imported
-            return inspect_framework(path, detected, python=python, env=env, local=local)
+            return inspect_framework(path, detected, python=python, env=env, local=local,
+                                     argv=argv)
     if mode == "script" and not local:
         return ScriptInfo(path=path, mode=mode, hooks=hooks)
     answer = None

@@ -86,6 +86,10 @@ class RenderedJob:
     files: dict[str, str]  # relative path -> text
     entrypoint: str  # relative to the job directory (or absolute, for a user script elsewhere)
     env: dict[str, str] = field(default_factory=dict)
+    #: The entrypoint's arguments, each provider puts them after it in its command (a list of
+    #: strings, never a shell line): a plain script's own arguments, or those the framework
+    #: shim passes on to the script as its ``sys.argv[1:]``. A rendered launch_train.py has none.
+    args: tuple[str, ...] = ()
 
     def write(self, directory: Path) -> None:
         """Write every file under ``directory``, each atomically (temporary file, then rename), so
@@ -167,22 +171,26 @@ def plan_env(plan: Plan, settings: TrainSettings) -> dict[str, str]:
     return env
 
 
-def render(plan: Plan, settings: TrainSettings) -> RenderedJob:
+def render(plan: Plan, settings: TrainSettings, script_args: tuple[str, ...] = ()) -> RenderedJob:
     """The files and environment of one attempt of ``plan``.
 
     In "recipe" mode the entrypoint is the rendered ``launch_train.py``; in "script" mode it is the
     user's own script, and nothing is rendered but ``plan.json``; a framework script runs through
     ``launch_framework.py``, which gives the framework the plan and then runs the script as it is.
+    ``script_args``: the script's own arguments (a recipe takes none: ``ValueError``).
     """
     _check(plan)
+    if script_args and settings.mode != "script":
+        raise ValueError("a recipe takes no arguments: launch imports it, never runs it")
+    args = tuple(script_args)
     text = json.dumps(plan_document(plan, settings), indent=2) + "\n"
     files = {PLAN_NAME: text}
     env = plan_env(plan, settings)
     if settings.mode == "script" and settings.framework is not None:
         files[FRAMEWORK_SCRIPT] = render_framework_script()
-        return RenderedJob(files=files, entrypoint=FRAMEWORK_SCRIPT, env=env)
+        return RenderedJob(files=files, entrypoint=FRAMEWORK_SCRIPT, env=env, args=args)
     if settings.mode == "script":
-        return RenderedJob(files=files, entrypoint=settings.recipe_file, env=env)
+        return RenderedJob(files=files, entrypoint=settings.recipe_file, env=env, args=args)
     if PurePosixPath(settings.recipe_file).name == SCRIPT_NAME and not Path(
         settings.recipe_file
     ).is_absolute():

@@ -146,10 +146,20 @@ def format_usd(value: float | None) -> str:
     return f"{value:.2g}"
 
 
-def print_plan(out: Any, result: PlanResult, show_all: bool = False) -> None:
+def print_plan(out: Any, result: PlanResult, show_all: bool = False,
+               script_args: tuple[str, ...] | list[str] = ()) -> None:
+    """The plan table, the chosen plan and its memory, the rejections and notes; first the
+    script's own arguments when it has any (quoted as a shell would need them: a display only,
+    the script gets the list)."""
+    import shlex
+
     from rich import box
+    from rich.markup import escape
     from rich.table import Table
 
+    if script_args:
+        out.print(f"script arguments: {escape(shlex.join(script_args))}", soft_wrap=False,
+                  highlight=False)
     out.print(f"model: {format_count(result.parameters)} parameters ({result.source})")
     rows = shown_plans(result, show_all)
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1),

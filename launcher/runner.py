@@ -73,7 +73,8 @@ class PlannedRun:
 
     def to_dict(self) -> dict[str, Any]:
         """The `launch plan --json` contract."""
-        return {**self.result.to_dict(), "request": self.request}
+        return {**self.result.to_dict(), "script_args": list(self.spec.script_args),
+                "request": self.request}
 
 
 @dataclass
@@ -211,13 +212,20 @@ class Runner:
         from launcher.options import check_environment
         from launcher.preflight import preflight
         from launcher.providers import PLANNED, REGISTRY, get_provider
-        from launcher.recipe import inspect_script
-        from launcher.spec import build_spec, check_options
+        from launcher.recipe import classify, inspect_script
+        from launcher.spec import SCRIPT_ARGS_LABEL, build_spec, check_options, refuse_recipe_args
 
         env = self.env
         check_environment(env.environ)  # a bad LAUNCH_* value is refused before any child runs
         check_options({"provider": options.get("provider")}, origins)  # named where it came from
         script = options.get("script")
+        script_args = tuple(options.get("script_args") or ())
+        args_from = origins.get("script_args", SCRIPT_ARGS_LABEL)
+        if script is None and script_args:
+            if args_from == SCRIPT_ARGS_LABEL:
+                raise UsageError(f"{args_from} are for a SCRIPT, and none is given",
+                                 "launch plan train.py -- ARGS")
+            options["script_args"] = script_args = ()  # a config's, for scripts: none here
         if script is None:  # `launch plan --params 7B`: sizing a model before its script exists
             if options.get("params") is None and options.get("model_config") is None:
                 raise UsageError("give the training SCRIPT, or describe the model to size it",
@@ -243,6 +251,9 @@ class Runner:
                     raise
                 provider_error = str(exc)
         check_options(options, origins)  # the provider's own checks first; then before a probe
+        if script_args:  # a recipe takes none: refused before its probe runs
+            refuse_recipe_args(options["script"], classify(options["script"])[0], script_args,
+                               args_from)
         tracing = self._prestart_trace(options)
         probe = None
         if tracing:
@@ -254,7 +265,8 @@ class Runner:
                                  local=name == "local")
         else:
             info = inspect_script(options["script"], python=env.python, env=env.environ,
-                                  local=name == "local", count_flops=not tracing, probe=probe)
+                                  local=name == "local", count_flops=not tracing, probe=probe,
+                                  argv=script_args)
         spec = build_spec(options, info, origins)
         with progress("estimating memory and planning"):
             result = preflight(spec, info, env.state_dir, env.environ)

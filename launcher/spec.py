@@ -133,11 +133,15 @@ class Spec:
     memory_limit: int | None = None
     image: str | None = None
     timeout: str | None = None
+    #: The script's own arguments (``launch SCRIPT -- ARGS``, or ``script_args`` in a config
+    #: file), passed to it verbatim as a list wherever it runs: never a shell string.
+    script_args: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data["script"] = str(self.script)
         data["model_config"] = str(self.model_config) if self.model_config else None
+        data["script_args"] = list(self.script_args)
         return data
 
 
@@ -147,6 +151,7 @@ _KIND_WORDS: dict[str, str] = {
     "int": "a whole number", "float": "a number", "bool": "true or false", "str": "text",
     "path": "a path (text)", "count": "a count like 7B or 7000000000",
     "size": "a size like 2GiB or 2147483648",
+    "args": 'a list of strings like ["--train_file", "data.txt"]',
 }
 
 
@@ -276,6 +281,11 @@ def _config_value(value: Any, key: ConfigKey, label: str) -> Any:
             raise UsageError(f"{label} must be a finite number, not {_toml(value)}")
     elif kind == "bool":
         ok = isinstance(value, bool)
+    elif kind == "args":
+        ok = isinstance(value, list) and all(isinstance(v, str) for v in value)
+        if ok:
+            check_script_args(value, label)
+            return list(value)
     else:
         ok = isinstance(value, str)
     if not ok:
@@ -344,7 +354,7 @@ def build_spec(options: dict[str, Any], info: ScriptInfo,
     values.update({k: v for k, v in launch.items() if k in fields})
     for key, value in options.items():
         if key in fields and value is not None:
-            values[key] = value
+            values[key] = tuple(value) if key == "script_args" else value
             labels[key] = (origins or {}).get(key) or _flag(key)
     # The two checkpointing pins: one given as an option replaces the other's LAUNCH value.
     pins = {"activation_checkpointing", "checkpointing"}
@@ -372,6 +382,8 @@ def check_options(options: Mapping[str, Any], origins: Mapping[str, str] | None 
 def _validate(spec: Spec, labels: Mapping[str, str] | None = None) -> None:
     _check_fields({f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)},
                   lambda name: (labels or {}).get(name) or _flag(name))
+    refuse_recipe_args(spec.script, spec.mode, spec.script_args,
+                       (labels or {}).get("script_args") or _flag("script_args"))
     if spec.strategy == "smp_v2" and spec.provider != "sagemaker":
         raise UsageError("smp_v2 is SageMaker's model-parallel library and runs only there",
                          "use --provider sagemaker, or --strategy fsdp / hybrid_shard")
@@ -390,6 +402,8 @@ def _check_fields(values: Mapping[str, Any], label: Callable[[str], str]) -> Non
     for name in TEXT_FIELDS:
         if values.get(name) is not None:
             _one_line(str(values[name]), label(name))
+    if values.get("script_args") is not None:
+        check_script_args(values["script_args"], label("script_args"))
 
     def choice(name: str, allowed: tuple[str, ...]) -> None:
         value = values.get(name)
@@ -434,6 +448,34 @@ def _check_fields(values: Mapping[str, Any], label: Callable[[str], str]) -> Non
             raise UsageError(f"{label(name)} {bound}, not {value}", hint)
 
 
+#: How messages name the script's arguments given on the command line.
+SCRIPT_ARGS_LABEL = "the script's arguments after --"
+
+
+def check_script_args(args: Any, label: str) -> None:
+    """The script's arguments: a list of strings, each of which a process can be given (no NUL
+    character: no argv can hold one). Anything else is one line naming where they came from."""
+    if not isinstance(args, (list, tuple)) or not all(isinstance(a, str) for a in args):
+        raise UsageError(f"{label} must be a list of strings, not {_show(args)}")
+    for arg in args:
+        if "\0" in arg:
+            raise UsageError(f"{label}: {_show(arg)} holds a NUL character, which no "
+                             "command line can carry")
+
+
+def refuse_recipe_args(script: Path, mode: str, args: tuple[str, ...] | list[str],
+                       label: str) -> None:
+    """A recipe takes no arguments: launch imports it (in the probe, the memory trace's workers
+    and the rendered launch_train.py) and calls its functions; it never runs it as a script, so
+    arguments would reach some of those imports and not others, and the estimate could be of
+    another model than the one that trains. One line that says so, and what to do instead."""
+    if args and mode == "recipe":
+        raise UsageError(
+            f"{script.name} is a recipe, which takes no arguments ({label}): launch imports it "
+            "and calls build_model, example_batch and training_step, never runs it as a script",
+            "give its settings through LAUNCH or environment variables, or drop the arguments")
+
+
 def _finite(value: float) -> bool:
     try:
         return math.isfinite(value)
@@ -442,6 +484,8 @@ def _finite(value: float) -> bool:
 
 
 def _flag(name: str) -> str:
+    if name == "script_args":  # no flag: what follows `--`
+        return SCRIPT_ARGS_LABEL
     return "--" + name.replace("_", "-")
 
 

@@ -295,3 +295,54 @@ def test_plan_sizes_a_described_model_without_a_script(cli, tmp_path):
     assert nothing.status == ExitStatus.USAGE
     assert nothing.stderr.count("\n") == 1 and "--params" in nothing.stderr
     assert cli("run", "--params", "7B").status == ExitStatus.USAGE  # a run needs its script
+
+
+# -- the script's own arguments: `launch [plan] SCRIPT -- ARGS` (issue 28) -------------------------
+
+#: A plain script on SageMaker plans without a probe child or a trace: fast.
+SAGEMAKER_PLAIN = ["--params", "1M", "--provider", "sagemaker", "--region", "us-east-1",
+                   "--bucket", "my-bucket", "--role", "arn:aws:iam::123456789012:role/R",
+                   "--machine", "ml.g5.xlarge"]
+AWS_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+           "AWS_EC2_METADATA_DISABLED": "true"}
+
+
+@pytest.mark.parametrize("command", [("plan",), ()])
+def test_a_script_option_without_dashdash_says_to_put_it_after_dashdash(cli, write_script,
+                                                                         command):
+    script = write_script("print('hi')\n", name="run_clm.py")
+    result = cli(*command, str(script), "--params", "1M", "--train_file", "data.txt")
+    assert result.status == ExitStatus.USAGE
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+    prog = "launch plan" if command else "launch"
+    assert "No such option '--train_file'" in result.stderr
+    assert (f"put the script's arguments after --: {prog} {script} --params 1M -- "
+            "--train_file data.txt)") in result.stderr
+    extra = cli(*command, str(script), "--json", "data.txt")
+    assert extra.status == ExitStatus.USAGE and extra.stderr.count("\n") == 1
+    assert f"after --: {prog} {script} --json -- data.txt" in json.loads(extra.stdout)["hint"]
+
+
+def test_everything_after_dashdash_is_the_script_s_and_the_plan_shows_it(cli, write_script):
+    script = write_script("print('hi')\n")
+    args = ["--help", "--json", "--debug", "data with spaces.txt", "-x"]
+    result = cli("plan", str(script), *SAGEMAKER_PLAIN, "--json", "--", *args, environ=AWS_ENV)
+    assert result.status == 0, result.stderr
+    assert result.json()["script_args"] == args  # not launch's --help, --json, --debug
+    text = cli("plan", str(script), *SAGEMAKER_PLAIN, "--", "--lr=3e-4", "it's",
+               environ=AWS_ENV)
+    assert text.status == 0, text.stderr
+    assert "script arguments: --lr=3e-4 'it'\"'\"'s'" in text.stdout
+    assert "script_args" in cli("plan", str(script), *SAGEMAKER_PLAIN, "--json",
+                                environ=AWS_ENV).json()
+
+
+def test_a_recipe_takes_no_arguments(cli, tiny_recipe):
+    result = cli("plan", str(tiny_recipe), "--", "--lr", "3")
+    assert result.status == ExitStatus.USAGE and result.stderr.count("\n") == 1
+    assert "train.py is a recipe, which takes no arguments (the script's arguments after --)" \
+        in result.stderr
+    assert "give its settings through LAUNCH" in result.stderr
+    assert cli("plan", str(tiny_recipe), "--json", "--").status == 0  # none: nothing to refuse
+    nothing = cli("plan", "--params", "7B", "--", "--x")
+    assert nothing.status == ExitStatus.USAGE and "none is given" in nothing.stderr

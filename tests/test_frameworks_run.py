@@ -199,17 +199,23 @@ def test_an_accelerate_loop_that_saves_its_state_resumes_from_it(cli, tmp_path):
 @pytest.mark.parametrize("kind", KINDS)
 def test_processes_train_together_at_the_plan_s_micro_batch(cli, tmp_path, kind):
     """Two processes (gloo on the CPU): the framework sees a world of 2 (one DDP job, not two
-    unconnected ones), each process gets micro-batches of 2, 8 samples a step in all."""
+    unconnected ones), each process gets micro-batches of 2, 8 samples a step in all. The
+    script's own arguments (after --) reach it as its sys.argv[1:], exactly, in the capture
+    that runs it to where training starts and through the shim in each process of the job."""
     script = _fixture(tmp_path, kind)
+    args = ["--train_file", "data with spaces.txt", "--lr=3e-4", "$HOME", "it's"]
     result = cli(str(script), "--json", "--gpus-per-node", "2", "--micro-batch-size", "2",
-                 "--global-batch-size", "8", "--steps", "2",
+                 "--global-batch-size", "8", "--steps", "2", "--", *args,
                  environ={"FIXTURE_LOOP": "4"})
     assert result.status == 0, result.stderr + result.stdout
     data = result.json()
     assert len(data["attempts"]) == 1 and data["summary"]["steps"] == 2
+    (capture,) = (tmp_path / "state" / "framework_recipes").glob("*/capture.json")
+    assert json.loads(capture.read_text())["argv"] == args
     log = tmp_path / "state" / "runs" / data["run_id"] / "attempt-1" / "output.log"
     settings = _lines(log, "fixture", "settings")
     assert [(s["world"], s["accum"]) for s in settings] == [(2, 2), (2, 2)]
+    assert [s["argv"] for s in settings] == [args, args]
     assert {line["rows"] for line in _lines(log, "fixture", "forward")} == {2}
 
 

@@ -130,6 +130,20 @@ def test_script_mode_renders_no_script() -> None:
     assert job.env["LAUNCH_STRATEGY"] == "fsdp"
 
 
+def test_a_script_s_own_arguments_are_data_beside_its_entrypoint() -> None:
+    """The arguments go on the command line each provider builds, never into code or plan.json;
+    the same for a framework script's shim, which hands them on; a recipe takes none."""
+    args = ("--train_file", "data with spaces.txt", "$HOME", "it's")
+    plain = render(make_plan(), make_settings(mode="script", recipe_file="mine.py"), args)
+    shim = render(make_plan(), make_settings(mode="script", recipe_file="mine.py",
+                                             framework="hf_trainer"), args)
+    assert plain.args == shim.args == args
+    assert all("data with spaces" not in text for text in {**plain.files, **shim.files}.values())
+    assert render(make_plan(), make_settings()).args == ()
+    with pytest.raises(ValueError, match="a recipe takes no arguments"):
+        render(make_plan(), make_settings(), args)
+
+
 def test_strategies_without_a_template_are_refused_by_name() -> None:
     with pytest.raises(ValueError, match="pipeline") as raised:
         render(make_plan(strategy="pipeline"), make_settings())

@@ -147,7 +147,8 @@ def test_a_boolean_is_no_step_count(cli, plain, tmp_path):
 #: A value of the wrong type for each kind of key, and what the message says it must be.
 WRONG = {"int": ("1.5", "a whole number"), "float": ('"fast"', "a number"),
          "bool": ('"yes"', "true or false"), "str": ("7", "text"), "path": ("[]", "a path"),
-         "count": ("true", "a count"), "size": ("{}", "a size")}
+         "count": ("true", "a count"), "size": ("{}", "a size"),
+         "args": ('"--train_file data.txt"', "a list of strings")}
 
 
 @pytest.mark.parametrize("key", sorted(config_keys()))
@@ -186,6 +187,33 @@ def test_bad_config_values_name_the_file_and_key(cli, plain, tmp_path, text, wor
     toml = tmp_path / "launch.toml"
     toml.write_text(text + "\n")
     assert words.format(toml=toml) in one_usage_line(plan(cli, plain))
+
+
+def test_script_args_from_the_config_and_after_dashdash(cli, plain, tmp_path):
+    """A list of strings in the config is the script's arguments; those after `--` replace it
+    (`--` alone: none); each reaches the request as one element, as written."""
+    toml = tmp_path / "launch.toml"
+    toml.write_text('script_args = ["--train_file", "data with spaces.txt", "$HOME"]\n')
+
+    def container_args(*args: str) -> tuple[list[str], list[str]]:
+        result = plan(cli, plain, "--json", *args)
+        assert result.status == 0, result.stderr
+        request = result.json()["request"]["create_training_job"]
+        arguments = request["AlgorithmSpecification"]["ContainerArguments"]
+        return result.json()["script_args"], arguments[arguments.index("train.py") + 1:]
+
+    assert container_args() == (["--train_file", "data with spaces.txt", "$HOME"],) * 2
+    assert container_args("--", "--lr=3e-4", "it's") == (["--lr=3e-4", "it's"],) * 2
+    assert container_args("--") == ([], [])
+    assert load_config(tmp_path)[0] == {"script_args": ["--train_file", "data with spaces.txt",
+                                                        "$HOME"]}
+    toml.write_text('script_args = ["--epochs", 3]\n')
+    assert (f"script_args in {toml} must be a list of strings like "
+            '["--train_file", "data.txt"], not ["--epochs", 3]') in one_usage_line(
+                plan(cli, plain))
+    toml.write_text('script-args = ["a\\u0000b"]\n')
+    assert f"script-args in {toml}: 'a\\x00b' holds a NUL character" in one_usage_line(
+        plan(cli, plain))
 
 
 def test_an_unknown_provider_in_the_config_names_it(cli, plain, tmp_path):

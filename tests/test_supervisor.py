@@ -646,8 +646,14 @@ def test_a_failure_repeated_exactly_stops_the_run(cli, tmp_path):
         "args = parser.parse_args()\n"
         "import os\nprint('planned micro-batch', os.environ.get('LAUNCH_MICRO_BATCH_SIZE'))\n"))
     result = cli(str(script), "--params", "1M", "--json", "--memory-limit", "2560MiB",
-                 "--global-batch-size", "20", "--max-attempts", "4")
+                 "--global-batch-size", "20", "--max-attempts", "4",
+                 "--", "--batch_size", "20", "--epochs=1")
     assert result.status == ExitStatus.OUT_OF_MEMORY, result.stderr
     data = result.json()
     assert len(data["attempts"]) == 2, [a["change"] for a in data["attempts"]]
     assert "failed exactly as attempt 1 did" in data["message"]
+    # The resubmission runs the script with its own arguments too.
+    run = tmp_path / "state" / "runs" / data["run_id"]
+    for number in (1, 2):
+        request = json.loads((run / f"attempt-{number}" / "request.json").read_text())
+        assert request["argv"][-3:] == ["--batch_size", "20", "--epochs=1"]

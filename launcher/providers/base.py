@@ -172,3 +172,49 @@ def checked_region(region: Any, shape: re.Pattern[str], max_length: int, what: s
         where = f" (from {source})" if source else ""
         raise BadValue(f"region {shown}{where} is not {what}", f"expected {expected}")
     return region
+
+
+#: torchrun's own options (torch 2.13's, both spellings; older ones have fewer): the
+#: arguments after the script on a torchrun command line are the script's, but torchrun's
+#: parser (argparse, abbreviations allowed) still reads each one to classify it first.
+TORCHRUN_OPTIONS = frozenset({
+    "--duplicate-stderr-filters", "--duplicate-stdout-filters", "--duplicate_stderr_filters",
+    "--duplicate_stdout_filters", "--event-log-handler", "--event_log_handler", "--help",
+    "--local-addr", "--local-ranks-filter", "--local_addr", "--local_ranks_filter", "--log-dir",
+    "--log_dir", "--logs-specs", "--logs_specs", "--master-addr", "--master-port",
+    "--master_addr", "--master_port", "--max-restarts", "--max_restarts", "--module",
+    "--monitor-interval", "--monitor_interval", "--nnodes", "--no-python", "--no_python",
+    "--node-rank", "--node_rank", "--nproc-per-node", "--nproc_per_node", "--numa-binding",
+    "--numa_binding", "--rdzv-backend", "--rdzv-conf", "--rdzv-endpoint", "--rdzv-id",
+    "--rdzv_backend", "--rdzv_conf", "--rdzv_endpoint", "--rdzv_id", "--redirects", "--role",
+    "--run-path", "--run_path", "--shutdown-timeout", "--shutdown_timeout",
+    "--signals-to-handle", "--signals_to_handle", "--standalone", "--start-method",
+    "--start_method", "--tee", "--virtual-local-rank",
+    "--virtual_local_rank",
+})
+
+
+def torchrun_script_args(args: tuple[str, ...] | list[str]) -> list[str]:
+    """The script's arguments, for after the script on a torchrun command line, where they
+    reach it verbatim except for what torchrun's own parser takes first, refused here in one
+    line (:class:`BadValue`) instead of failing or changing on the machines: a bare ``--``
+    (dropped when it comes first, kept after, depending on the Python), and an option that
+    abbreviates two or more of torchrun's (``--max``: ``--max-restarts``, ``--max_restarts``),
+    which torchrun refuses as ambiguous before the script starts."""
+    for arg in args:
+        if arg == "--":
+            raise BadValue("the script's arguments hold a bare --, which torchrun (it starts the "
+                           "script) may drop", "pass the script's arguments without it")
+        if not arg.startswith("--"):
+            continue
+        name = arg.split("=", 1)[0]
+        if name in TORCHRUN_OPTIONS:
+            continue  # torchrun's exact option after the script: the script's, whole
+        matches = sorted(o for o in TORCHRUN_OPTIONS if o.startswith(name))
+        if len(matches) > 1:
+            shown = arg if len(arg) <= 40 else arg[:37] + "..."
+            raise BadValue(f"the script's argument {shown!r} abbreviates torchrun's own "
+                           f"{', '.join(matches[:4])}{' ...' if len(matches) > 4 else ''}: "
+                           "torchrun, which starts the script, refuses it as ambiguous",
+                           "spell the script's option out in full")
+    return list(args)

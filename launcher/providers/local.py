@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher import faults, processes
-from launcher.providers.base import Job, JobState, JobStatus, Provider
+from launcher.providers.base import Job, JobState, JobStatus, Provider, torchrun_script_args
 from launcher.providers.local_runner import runner_record
 from launcher.runs import corrupt, read_state, write_json
 from launcher.status import UsageError
@@ -158,11 +158,13 @@ class LocalProvider(Provider):
         entrypoint = job.job_dir / entry if rendered else job.code_dir / entry
         script = [str(entrypoint)] if rendered else [
             "-m", "launcher.providers.local_stdio", str(entrypoint)]
+        # The script's own arguments follow it, each one argv element (no shell in between):
+        # local_stdio and the framework shim hand them on as its sys.argv[1:].
         if not rendered and plan.world_size == 1:
             # One process of a user's own script runs as `python SCRIPT` would: torchrun would
             # set RANK and WORLD_SIZE, and a script that reads them (nanoGPT's `ddp =
             # int(os.environ.get('RANK', -1)) != -1`) takes its distributed branch.
-            argv = [self.python, *script]
+            argv = [self.python, *script, *job.rendered.args]
         else:
             argv = [
                 self.python, "-m", "torch.distributed.run", "--standalone",
@@ -170,7 +172,7 @@ class LocalProvider(Provider):
                 # torchrun prefixes each line with "[<role><local rank>]:"; one node, so local
                 # = global.
                 "--role", "rank", "--tee", "3", "--log-dir", str(job.attempt_dir / "torchrun"),
-                *script,
+                *script, *torchrun_script_args(job.rendered.args),
             ]
         env = {
             **job.rendered.env,

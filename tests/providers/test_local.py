@@ -19,6 +19,9 @@ from launcher.providers.base import Job
 from launcher.providers.local import LocalProvider
 from launcher.render import RenderedJob
 
+#: The script's own arguments, as a shell would mangle them if one were in between.
+SCRIPT_ARGS = ["--train_file", "data with spaces.txt", "--lr=3e-4", "$HOME", "it's"]
+
 
 def _plan(procs: int = 1) -> Plan:
     return Plan(strategy="single" if procs == 1 else "ddp", machine="local-cpu", nodes=1,
@@ -27,14 +30,15 @@ def _plan(procs: int = 1) -> Plan:
                 activation_checkpointing=False, steps=1, lr=0.1)
 
 
-def _job(tmp_path: Path, source: str, procs: int = 1, memory_limit: int | None = None) -> Job:
+def _job(tmp_path: Path, source: str, procs: int = 1, memory_limit: int | None = None,
+         args: tuple[str, ...] = ()) -> Job:
     code = tmp_path / "code"
     code.mkdir(exist_ok=True)
     (code / "script.py").write_text(textwrap.dedent(source))
     attempt = tmp_path / "run" / "attempt-1"
     (attempt / "job").mkdir(parents=True)
     rendered = RenderedJob(files={}, entrypoint="script.py",
-                           env={"LAUNCH_MICRO_BATCH_SIZE": "2"})
+                           env={"LAUNCH_MICRO_BATCH_SIZE": "2"}, args=args)
     return Job(run_id="r", attempt=1, plan=_plan(procs), rendered=rendered,
                job_dir=attempt / "job", attempt_dir=attempt,
                checkpoint_dir=tmp_path / "run" / "checkpoints", code_dir=code,
@@ -71,12 +75,14 @@ def test_request_carries_plan_env_but_no_credentials(tmp_path, monkeypatch):
 
 
 def test_two_ranks_stream_with_prefixes_and_no_line_twice(tmp_path):
+    """... and each rank's script gets its own arguments through torchrun, as they are."""
     provider = LocalProvider(sys.executable)
     job = _job(tmp_path, """
-        import os
+        import json, os, sys
+        print("argv " + json.dumps(sys.argv[1:]))
         for i in range(50):
             print(f"line {i} from {os.environ['RANK']} mb={os.environ['LAUNCH_MICRO_BATCH_SIZE']}")
-        """, procs=2)
+        """, procs=2, args=tuple(SCRIPT_ARGS))
     _request, job_id = provider.submit(job)
     status = _wait(provider, job_id)
     assert status.state == "succeeded" and status.exit_code == 0
@@ -85,6 +91,37 @@ def test_two_ranks_stream_with_prefixes_and_no_line_twice(tmp_path):
         mine = [line for line in lines if line.startswith(f"[rank{rank}]:line ")]
         assert [line.split()[1] for line in mine] == [str(i) for i in range(50)]
         assert all(line.endswith("mb=2") for line in mine)
+        argv = [line for line in lines if line.startswith(f"[rank{rank}]:argv ")]
+        assert [json.loads(line.split(" ", 1)[1]) for line in argv] == [SCRIPT_ARGS]
+
+
+ARGPARSE_PLAIN = """
+import argparse, json, sys
+parser = argparse.ArgumentParser()
+parser.add_argument("--train_file")
+parser.add_argument("--lr", type=float)
+parser.add_argument("rest", nargs="*")
+args = parser.parse_args()
+print("argv " + json.dumps(sys.argv[1:]), flush=True)
+print("parsed " + json.dumps(vars(args)), flush=True)
+"""
+
+
+def test_a_plain_script_gets_its_own_arguments_exactly(cli, tmp_path):
+    """`launch train.py -- ARGS`: the script's argv is ARGS, element by element (no shell
+    splits, expands or unquotes them), the run records them, the request shows them."""
+    script = tmp_path / "train.py"
+    script.write_text(ARGPARSE_PLAIN)
+    result = cli(str(script), "--params", "1M", "--json", "--", *SCRIPT_ARGS)
+    assert result.status == 0, result.stderr
+    run = tmp_path / "state" / "runs" / result.json()["run_id"]
+    log = (run / "attempt-1" / "output.log").read_text().splitlines()
+    assert [json.loads(line[5:]) for line in log if line.startswith("argv ")] == [SCRIPT_ARGS]
+    assert [json.loads(line[7:]) for line in log if line.startswith("parsed ")] == [
+        {"train_file": "data with spaces.txt", "lr": 3e-4, "rest": ["$HOME", "it's"]}]
+    assert json.loads((run / "run.json").read_text())["spec"]["script_args"] == SCRIPT_ARGS
+    request = json.loads((run / "attempt-1" / "request.json").read_text())
+    assert request["argv"][-6:] == [str(script), *SCRIPT_ARGS]
 
 
 def test_stop_ends_workers_promptly(tmp_path):

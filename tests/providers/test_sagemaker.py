@@ -1082,6 +1082,11 @@ def test_bootstrap_wires_torchrun_from_sagemakers_cluster_description(tmp_path, 
     namespace["main"]()
     assert calls[-1][1:] == ["-m", "torch.distributed.run", "--nproc_per_node", "8",
                              "--standalone", "--role", "rank", "--tee", "3", "launch_train.py"]
+    # The script's own arguments, after it, reach torchrun as they are (its own options too).
+    mine = ["--train_file", "data with spaces.txt", "--nproc-per-node", "2", "--lr=3e-4", "-h"]
+    monkeypatch.setattr(sys, "argv", [*sys.argv, *mine])
+    namespace["main"]()
+    assert calls[-1][-7:] == ["launch_train.py", *mine]
 
 
 def test_logs_of_a_finished_job_come_whole_in_one_read(tmp_path, aws_env, fake):
@@ -1240,3 +1245,34 @@ def test_the_container_refuses_a_code_archive_changed_in_the_bucket(tmp_path):
     bad = subprocess.run(["/bin/sh", "-c", ENTRY_SHELL, "launch", *args], capture_output=True,
                          text=True, check=False)
     assert bad.returncode != 0 and "not the archive this job was created with" in bad.stderr
+
+
+SCRIPT_ARGS = ["--train_file", "data with spaces.txt", "--lr=3e-4", "$HOME", "it's"]
+
+
+def test_the_script_s_own_arguments_follow_it_in_the_container_arguments(cli, write_script):
+    """`launch plan --provider sagemaker SCRIPT -- ARGS`: one ContainerArguments element each,
+    after the script (the entry shell's quoted "$@" hands them on unexpanded), within what
+    CreateTrainingJob accepts; what it or torchrun would refuse is one line before any request."""
+    script = write_script("print('hi')\n")
+    settings = ["--params", "1M", "--provider", "sagemaker", "--region", "us-east-1",
+                "--bucket", BUCKET, "--role", ROLE, "--machine", "ml.g5.xlarge", "--json"]
+    environ = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+               "AWS_EC2_METADATA_DISABLED": "true"}
+    result = cli("plan", str(script), *settings, "--", *SCRIPT_ARGS, environ=environ)
+    assert result.status == 0, result.stderr
+    kwargs = result.json()["request"]["create_training_job"]
+    botocore.validate.validate_parameters(kwargs, create_shape())
+    arguments = kwargs["AlgorithmSpecification"]["ContainerArguments"]
+    assert arguments[-6:] == ["train.py", *SCRIPT_ARGS]
+    assert "data with spaces.txt" not in json.dumps(kwargs["HyperParameters"])
+    for args, words in ((["x" * 257], "is 257 characters; SageMaker allows 256"),
+                        (["two\nlines"], "holds a line break"),
+                        (["-v"] * 89, "89 script arguments are too many for SageMaker"),
+                        (["--", "x"], "hold a bare --"),
+                        (["--rdzv", "x"], "abbreviates torchrun's own --rdzv-backend")):
+        refused = cli("plan", str(script), *settings, "--", *args, environ=environ)
+        assert refused.status == ExitStatus.USAGE, (args, refused.stderr)
+        assert refused.stderr.count("\n") == 1 and words in refused.stderr, refused.stderr
+    assert cli("plan", str(script), *settings, "--", *["-v"] * 88,
+               environ=environ).status == 0  # 12 of launch's own and 88: the 100 allowed

@@ -1517,3 +1517,28 @@ def test_the_bootstrap_refuses_an_archive_changed_in_the_bucket(tmp_path, monkey
     _gcp.write_archive(other, planted)
     with pytest.raises(SystemExit, match="not the archive this job was created with"):
         namespace["unpack"](archive.uri, planted.getvalue())
+
+
+SCRIPT_ARGS = ["--train_file", "data with spaces.txt", "--lr=3e-4", "$HOME", "it's"]
+
+
+def test_the_script_s_own_arguments_follow_it_in_the_container_args(cli, write_script):
+    """`launch plan --provider vertex SCRIPT -- ARGS`: each argument one element of the
+    container's args after the script (the bootstrap hands its argv to torchrun, no shell), on
+    every worker pool; what torchrun itself would misread is refused before any request."""
+    script = write_script("print('hi')\n")
+    settings = ["--params", "1M", "--provider", "vertex", "--project", PROJECT, "--region",
+                REGION, "--bucket", "launch-bucket", "--machine", "a2-highgpu-1g", "--nodes",
+                "2", "--json"]
+    environ = {"LAUNCH_VERTEX_ENDPOINT": "http://127.0.0.1:9"}
+    result = cli("plan", str(script), *settings, "--", *SCRIPT_ARGS, environ=environ)
+    assert result.status == 0, result.stderr
+    custom_job = result.json()["request"]["customJob"]
+    parse_job(custom_job)
+    for pool in custom_job["jobSpec"]["workerPoolSpecs"]:
+        assert pool["containerSpec"]["args"] == [
+            "--nproc_per_node", "1", "--tee", "3", "code/train.py", *SCRIPT_ARGS]
+    refused = cli("plan", str(script), *settings, "--", "--max", "3", environ=environ)
+    assert refused.status == ExitStatus.USAGE and refused.stderr.count("\n") == 1
+    assert ("the script's argument '--max' abbreviates torchrun's own --max-restarts, "
+            "--max_restarts") in refused.stderr

@@ -23,11 +23,13 @@ SageMaker downloads the ``code`` channel (our ``sourcedir.tar.gz``) to ``/opt/ml
 the shell unpacks it and ``launch_sagemaker.py`` (shipped in the package) reads SageMaker's
 ``resourceconfig.json`` (the hosts and this host's name) and execs ``torchrun`` with the node rank
 and the first host as rendezvous master: the same torchrun line the local provider runs, plus
-``--nnodes/--node_rank/--master_addr``. Compared with the toolkit route (``sagemaker_program`` and
-``sagemaker_torch_distributed_enabled`` hyperparameters), the request holds the whole command, so
-`launch plan` shows what will run and the tests run that very command; the toolkit's conversion
-of hyperparameters into script arguments and its own failure-file handling stay out of the way;
-and the SMP v2 image is driven the same way (SMP v2 runs under plain torchrun).
+``--nnodes/--node_rank/--master_addr``. The script's own arguments (``launch SCRIPT -- ARGS``)
+follow it, one element each (``_script_arguments`` says why there). Compared with the toolkit
+route (``sagemaker_program`` and ``sagemaker_torch_distributed_enabled`` hyperparameters), the
+request holds the whole command, so `launch plan` shows what will run and the tests run that
+very command; the toolkit's conversion of hyperparameters into script arguments and its own
+failure-file handling stay out of the way; and the SMP v2 image is driven the same way (SMP v2
+runs under plain torchrun).
 
 Each ContainerEntrypoint/ContainerArguments element is limited to 256 characters, which is why the
 multi-node logic lives in a shipped file rather than in a ``sh -c`` one-liner.
@@ -54,7 +56,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from launcher.plan.plan import Plan
-from launcher.providers.base import Job, JobStatus, Provider
+from launcher.providers.base import Job, JobStatus, Provider, torchrun_script_args
 from launcher.providers.checks import Check
 from launcher.providers.sagemaker.logs import SageMakerLogs
 from launcher.providers.sagemaker.package import (
@@ -73,7 +75,7 @@ from launcher.providers.sagemaker.settings import (
     job_name,
     status_of,
 )
-from launcher.status import LaunchError, ProviderError, UsageError
+from launcher.status import BadValue, LaunchError, ProviderError, UsageError
 
 #: Check the code channel's archive against the hash the job was created with (jobs can write to
 #: the bucket), unpack it and run the rest of the arguments there. "$1" archive, "$2" folder,
@@ -82,6 +84,10 @@ ENTRY_SHELL = ('set -e; echo "$3  $1" | sha256sum -c --status || { echo "launch:
                'the archive this job was created with" >&2; exit 1; }; mkdir -p "$2"; '
                'tar -xzf "$1" -C "$2"; cd "$2"; shift 3; exec "$@"')
 MASTER_PORT = 29500
+#: CreateTrainingJob's limits on ContainerArguments: 100 elements of at most 256 characters,
+#: each matching ``.*`` (no line break).
+MAX_ARGUMENTS, MAX_ARGUMENT = 100, 256
+_LINE_BREAKS = ("\n", "\r", "\x85", "\u2028", "\u2029")
 #: SageMaker's ways of saying it had no machines to give (its CapacityError, EC2's
 #: InsufficientInstanceCapacity), or took them away: the same plan is worth another attempt
 #: (:meth:`SageMakerProvider.lost_capacity`).
@@ -131,6 +137,33 @@ def _metric_definitions() -> list[dict[str, str]]:
         {"Name": "train:samples_per_s", "Regex": head + r'.*"samples_per_s": ' + number},
         {"Name": "gpu:peak_allocated_bytes", "Regex": head + r'.*"peak_allocated_bytes": (\d+)'},
     ]
+
+
+def _script_arguments(args: tuple[str, ...], taken: int) -> list[str]:
+    """The script's own arguments, for after it in ContainerArguments.
+
+    Why there: the entry shell ends in ``exec "$@"``, quoted, so each element reaches the
+    bootstrap as one argv element, unexpanded (``$HOME`` and ``it's`` arrive as written), and
+    the bootstrap hands what follows the script to torchrun, which hands it to the script (the
+    framework shim, to the script it runs). The request shows the whole command, as it runs.
+    HyperParameters would not do: with our own entrypoint SageMaker passes them to nothing but
+    a file, as ``--key value`` pairs of strings; an environment variable holds 512 characters
+    in all. What CreateTrainingJob would refuse (an element over 256 characters, more than 100
+    in all, a line break) and what torchrun would misread is refused here, in one line."""
+    for arg in args:
+        shown = arg if len(arg) <= 40 else arg[:37] + "..."
+        if len(arg) > MAX_ARGUMENT:
+            raise BadValue(f"the script's argument {shown!r} is {len(arg)} characters; "
+                             f"SageMaker allows {MAX_ARGUMENT} in a container argument",
+                             "pass a file holding the long value instead")
+        if any(brk in arg for brk in _LINE_BREAKS):
+            raise BadValue(f"the script's argument {shown!r} holds a line break, which "
+                             "SageMaker refuses in a container argument")
+    if taken + len(args) > MAX_ARGUMENTS:
+        raise BadValue(f"{len(args)} script arguments are too many for SageMaker: with "
+                         f"launch's own {taken}, the container's arguments may be "
+                         f"{MAX_ARGUMENTS}", "pass some of them in a file instead")
+    return torchrun_script_args(args)
 
 
 def _volume_gb(plan: Plan, configured: int | None) -> int:
@@ -311,9 +344,10 @@ class SageMakerProvider(SageMakerLogs, Provider):
             package.entrypoint,
         ]
         for argument in arguments:
-            if len(argument) > 256:
+            if len(argument) > MAX_ARGUMENT:
                 raise UsageError(f"the script path {argument[:60]}... is longer than the 256 "
                                  "characters SageMaker allows in a container argument")
+        arguments += _script_arguments(job.rendered.args, len(arguments))
         kwargs: dict[str, Any] = {
             "TrainingJobName": name,
             "RoleArn": role,

@@ -47,7 +47,14 @@ from launcher import packaging
 from launcher.packaging import Selection
 from launcher.plan.plan import Plan
 from launcher.providers import images
-from launcher.providers.base import TERMINAL_STATES, Job, JobState, JobStatus, Provider
+from launcher.providers.base import (
+    TERMINAL_STATES,
+    Job,
+    JobState,
+    JobStatus,
+    Provider,
+    torchrun_script_args,
+)
 from launcher.providers.checks import Check
 from launcher.providers.vertex import _gcp
 from launcher.providers.vertex.logs import VertexLogs
@@ -262,10 +269,14 @@ class VertexProvider(VertexLogs, Provider):
             # torchrun's --tee prefix with the global rank ("[rank9]:"), not the local one.
             "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "[rank${rank}]:",
         }
+        # The script's own arguments follow it in the container's args, each one element: the
+        # bootstrap hands its sys.argv[1:] to torchrun as they are (no shell), and torchrun
+        # hands what follows the script to it (the framework shim, to the script it runs).
         container = {
             "imageUri": image,
             "command": ["python3", "-c", BOOTSTRAP],
-            "args": ["--nproc_per_node", str(plan.gpus_per_node), "--tee", "3", entry],
+            "args": ["--nproc_per_node", str(plan.gpus_per_node), "--tee", "3", entry,
+                     *torchrun_script_args(job.rendered.args)],
             "env": [{"name": k, "value": v} for k, v in sorted(env.items())],
         }
         pools = [{"machineSpec": machine.to_dict(), "replicaCount": "1",
