@@ -327,6 +327,8 @@ GCP_METHODS: dict[str, tuple[tuple[str, str], ...]] = {
     "get_bucket": (("storage.buckets.get", "bucket"),),
     # Blob.exists (objects.get); Bucket.exists would be buckets.get: the name alone cannot tell.
     "exists": (("storage.objects.get", "bucket"), ("storage.buckets.get", "bucket")),
+    # Bucket.get_blob: objects.get (the object's metadata: its md5Hash and size).
+    "get_blob": (("storage.objects.get", "bucket"),),
     "upload_from_file": (("storage.objects.create", "bucket"),),
     "test_iam_permissions": (),
     "bucket": (),
