@@ -115,19 +115,7 @@ def descendants(pid: int) -> list[int]:
 def tagged(token: str) -> list[int]:
     """The live processes whose environment carries ``LAUNCH_JOB_TOKEN=token`` (the current
     process excluded). Zombies are skipped: they have exited, only their parent's wait is due."""
-    needle = f"{TOKEN_VAR}={token}".encode()
-    found = []
-    for entry in _proc_entries():
-        pid = int(entry.name)
-        if pid == os.getpid():
-            continue
-        try:
-            environ = (entry / "environ").read_bytes()
-        except OSError:  # gone, or another user's
-            continue
-        if needle in environ.split(b"\0") and alive(pid):
-            found.append(pid)
-    return found
+    return carrying(TOKEN_VAR, token)
 
 
 def start_ticks(pid: int) -> int | None:
@@ -246,7 +234,7 @@ def new_token() -> str:
 
 def carrying(var: str, token: str) -> list[int]:
     """The live processes whose environment (as they were started, /proc/PID/environ) carries
-    ``var=token``, the current process excluded; ``tagged`` for any variable."""
+    ``var=token``, the current process excluded (zombies too: they have exited)."""
     needle = f"{var}={token}".encode()
     found = []
     for entry in _proc_entries():
