@@ -36,6 +36,7 @@ import ast
 import contextlib
 import hashlib
 import json
+import math
 import os
 import shutil
 import signal
@@ -83,6 +84,10 @@ class Capture:
     parameters: int | None = None
     trainable_parameters: int | None = None
     launch: dict[str, Any] = field(default_factory=dict)
+    #: Where the script's own value of each ``launch`` key was found (``TrainingArguments.
+    #: learning_rate``), and how long it trains by its own settings (``own_steps``).
+    own: dict[str, str] = field(default_factory=dict)
+    length: dict[str, Any] = field(default_factory=dict)
     settings: dict[str, Any] = field(default_factory=dict)
     hooks: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
@@ -202,7 +207,8 @@ def capture(
         kind=detected.kind, folder=folder, recipe=recipe, config=config,
         reached=bool(answer.get("reached")), parameters=answer.get("parameters"),
         trainable_parameters=answer.get("trainable_parameters"),
-        launch=dict(answer.get("launch") or {}), settings=dict(answer.get("settings") or {}),
+        launch=dict(answer.get("launch") or {}), own=dict(answer.get("own") or {}),
+        length=dict(answer.get("length") or {}), settings=dict(answer.get("settings") or {}),
         hooks=tuple(answer.get("hooks") or ()) if recipe else (), notes=tuple(notes),
         hardware=dict(answer.get("hardware") or {}),
     )
@@ -272,8 +278,87 @@ def inspect_framework(path: Path, detected: Detected, *, python: str = sys.execu
         path=path, mode="script", hooks=found.hooks, launch=found.launch,
         parameters=found.parameters, trainable_parameters=found.trainable_parameters,
         hardware=hardware, framework=found.kind, framework_recipe=found.recipe,
-        framework_config=found.config, notes=found.notes,
+        framework_config=found.config, notes=found.notes, own=found.own, length=found.length,
     )
+
+
+# --- the script's own settings in the plan ----------------------------------------------------
+
+#: How the plan says a value is the script's: ``steps 2 (the script's own: 1 epoch of 2
+#: batches)``.
+SCRIPT_OWN = "the script's own"
+#: The pins each framework has no place for: the shim cannot set them, so the script's own
+#: value stays and the plan says so (docs/frameworks.md). Lightning's and accelerate's
+#: optimizer is the one the script builds (``configure_optimizers``, the one handed to
+#: ``prepare``), and an accelerate loop counts its own batches.
+UNREACHED: dict[str, dict[str, str]] = {
+    "hf_trainer": {},
+    "lightning": {"optimizer": "configure_optimizers builds the optimizer",
+                  "lr": "configure_optimizers builds the optimizer"},
+    "accelerate": {"optimizer": "the loop builds its optimizer",
+                   "lr": "the loop builds its optimizer",
+                   "steps": "the loop counts its own batches"},
+}
+
+
+def own_steps(length: dict[str, Any], global_batch: int | None) -> tuple[int | None, str]:
+    """The optimizer steps a framework script makes by its own settings, at the plan's global
+    batch, and how that was found (words for the plan); None when it cannot be known before it
+    runs (an accelerate loop that stops itself, epochs of a dataset without a length).
+
+    ``length`` is the capture's (``_framework_child.capture.length``): ``max_steps`` and/or
+    ``epochs`` of ``batches`` batches, ``accumulation`` a step, counted as the Trainer and
+    Lightning count them (ceil(epochs x ceil(batches / accumulation)), the first of the two
+    limits). At a global batch other than the script's own (micro-batch x accumulation, one
+    process) an epoch is ceil(samples / global batch) steps."""
+    max_steps = length.get("max_steps")
+    epochs, batches = length.get("epochs"), length.get("batches")
+    accum = int(length.get("accumulation") or 1)
+    by_epochs: int | None = None
+    words = ""
+    if epochs and batches:
+        script_batch = (length.get("batch_size") or 0) * accum
+        samples = length.get("samples")
+        count = f"{epochs:g} epoch{'' if epochs == 1 else 's'}"
+        if samples and global_batch and script_batch and global_batch != script_batch:
+            by_epochs = math.ceil(epochs * max(1, math.ceil(samples / global_batch)))
+            words = f"{count} of {samples} samples at a global batch of {global_batch}"
+        else:
+            by_epochs = math.ceil(epochs * max(1, math.ceil(batches / accum)))
+            words = f"{count} of {batches} batches" + (f", {accum} a step" if accum > 1 else "")
+    if max_steps and (by_epochs is None or max_steps <= by_epochs):
+        return int(max_steps), f"max_steps={max_steps}" + (
+            f", before {words}" if by_epochs else "")
+    if by_epochs is not None:
+        return by_epochs, words
+    return None, "not known before it runs: " + (length.get("unknown") or "its loop's own")
+
+
+def own_settings(kind: str, values: dict[str, Any], pinned: set[str], launch: dict[str, Any],
+                 own: dict[str, str], length: dict[str, Any]) -> dict[str, str]:
+    """A framework script's settings in the plan: what the user did not pin stays the script's
+    own (``launch``, as the capture found it, ``own`` says where), its ``steps`` counted by
+    ``own_steps`` (None when unknown, never launch's default); a pin the framework has no place
+    for (``UNREACHED``) is dropped from ``pinned`` and the script's value kept. Updates
+    ``values`` and ``pinned``; returns each such setting's origin, in words."""
+    origins: dict[str, str] = {}
+    for key, why in UNREACHED.get(kind, {}).items():
+        if key in pinned:
+            pinned.discard(key)
+            if key in launch:
+                values[key] = launch[key]
+            else:
+                values.pop(key, None)  # the spec's default, not the pin
+            origins[key] = f"{SCRIPT_OWN}: {why}, which the pin --{key} does not reach"
+    for key in launch:
+        if key not in pinned:
+            origins.setdefault(key, f"{SCRIPT_OWN}" + (f": {own[key]}" if own.get(key) else ""))
+    if "steps" not in pinned:
+        values["steps"], how = own_steps(length, values.get("global_batch_size"))
+        unreached = origins.get("steps", "").removeprefix(SCRIPT_OWN)  # ": ..., which --steps"
+        origins["steps"] = SCRIPT_OWN + (", " if values["steps"] is None else ": ") + how + (
+            f" ({unreached.removeprefix(': ')})" if unreached else "")
+    return origins
 
 
 # --- the pickled model's tensors --------------------------------------------------------------

@@ -152,8 +152,10 @@ def _traced(spec: Spec, info: ScriptInfo, precision: str, optimizer: str,
     from launcher.estimate.traced import TraceError, TraceTimeout, trace_recipe_configs
 
     # The templates use the recipe's build_optimizer unless the optimizer is pinned: so does
-    # the trace.
-    pinned = spec.optimizer is not None or "build_optimizer" not in info.hooks
+    # the trace. A framework script's own optimizer (the spec names it) is not a pin: the
+    # recipe made from what it built rebuilds it with its settings (SGD's momentum).
+    pinned = (spec.optimizer is not None and (spec.framework is None or "optimizer" in spec.pinned)
+              ) or "build_optimizer" not in info.hooks
     options = _trace_options(spec, environ)
     timeout = options["timeout_s"]
     try:

@@ -58,6 +58,9 @@ class TrainSettings:
     weight_decay: float = 0.0
     # A framework script (mode "script"): its framework, whose own settings get the plan.
     framework: str | None = None
+    # The settings the user pinned (``Spec.pinned``): the only ones of steps, lr, optimizer,
+    # weight decay and clipping the framework shim writes over a script's own.
+    pinned: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.mode not in ("recipe", "script"):
@@ -155,7 +158,6 @@ def plan_env(plan: Plan, settings: TrainSettings) -> dict[str, str]:
         # none | selective | full; the variable above stays "1" for either kind.
         "LAUNCH_CHECKPOINTING": plan.checkpointing or "none",
         "LAUNCH_OPTIMIZER": plan.optimizer,
-        "LAUNCH_STEPS": str(plan.steps),
         "LAUNCH_LR": repr(float(plan.lr)),  # repr round-trips a float exactly
         "LAUNCH_CHECKPOINT_DIR": settings.checkpoint_dir,
         "LAUNCH_SEED": str(settings.seed),
@@ -163,6 +165,8 @@ def plan_env(plan: Plan, settings: TrainSettings) -> dict[str, str]:
         "LAUNCH_ATTEMPT": str(settings.attempt),
         "LAUNCH_PLAN": PLAN_NAME,
     }
+    if plan.steps is not None:  # None: a framework script's own length
+        env["LAUNCH_STEPS"] = str(plan.steps)
     if plan.seq_len is not None:
         env["LAUNCH_SEQ_LEN"] = str(plan.seq_len)
     if plan.expandable_segments:
@@ -179,7 +183,7 @@ def render(plan: Plan, settings: TrainSettings, script_args: tuple[str, ...] = (
     ``launch_framework.py``, which gives the framework the plan and then runs the script as it is.
     ``script_args``: the script's own arguments (a recipe takes none: ``ValueError``).
     """
-    _check(plan)
+    _check(plan, own_length=settings.framework is not None)
     if script_args and settings.mode != "script":
         raise ValueError("a recipe takes no arguments: launch imports it, never runs it")
     args = tuple(script_args)
@@ -199,10 +203,13 @@ def render(plan: Plan, settings: TrainSettings, script_args: tuple[str, ...] = (
     return RenderedJob(files=files, entrypoint=SCRIPT_NAME, env=env)
 
 
-def _check(plan: Plan) -> None:
-    """Refuse plans whose numbers contradict each other: the script would run them as written."""
+def _check(plan: Plan, own_length: bool = False) -> None:
+    """Refuse plans whose numbers contradict each other: the script would run them as written.
+    ``own_length``: a framework script, whose steps may be its own (None)."""
     for name in ("nodes", "gpus_per_node", "micro_batch_size", "grad_accum_steps", "steps"):
-        if getattr(plan, name) < 1:
+        if name == "steps" and plan.steps is None and own_length:
+            continue
+        if getattr(plan, name) is None or getattr(plan, name) < 1:
             raise ValueError(f"plan.{name} must be at least 1, not {getattr(plan, name)}")
     per_step = plan.micro_batch_size * plan.grad_accum_steps * plan.world_size
     if per_step != plan.global_batch_size:

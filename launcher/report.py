@@ -193,24 +193,60 @@ def print_plan(out: Any, result: PlanResult, show_all: bool = False,
         out.print(f"chosen: {c.strategy_label} on {c.nodes} x {c.machine}{price}, "
                   f"{c.optimizer}{every} (global batch {c.global_batch_size})", soft_wrap=False)
         out.print(memory_bar(result.chosen), soft_wrap=False)
+        settings = origin_words(result)
+        if settings:
+            out.print(f"settings: {settings}", soft_wrap=False)
     for rejection in result.rejected:  # wrapped by words at the console's width
         out.print(f"[red]rejected[/] {rejection.option}: {rejection.reason}", soft_wrap=False)
     for note in result.notes:
         out.print(f"[dim]note: {note}[/]", soft_wrap=False)
 
 
+#: The plan's settings as the plan line names them, in this order.
+_SETTING_NAMES = {"global_batch_size": "global batch", "micro_batch_size": "micro-batch",
+                  "steps": "steps", "lr": "lr", "optimizer": "optimizer",
+                  "precision": "precision", "strategy": "strategy", "machine": "machine",
+                  "nodes": "nodes", "gpus_per_node": "processes per node",
+                  "checkpointing": "checkpointing", "seq_len": "sequence length"}
+
+
+def origin_words(result: PlanResult) -> str:
+    """The chosen plan's settings with where each came from: ``steps 2 (the script's own: 1
+    epoch of 2 batches); lr 0.0003 (launch's default)``. A framework script's unknown length
+    reads ``steps unknown``."""
+    chosen = result.chosen
+    if chosen is None:
+        return ""
+    parts = []
+    for key, name in _SETTING_NAMES.items():
+        if key not in result.origins:
+            continue
+        value = getattr(chosen, key)
+        shown = "unknown" if value is None else f"{value:g}" if isinstance(value, float) else value
+        parts.append(f"{name} {shown} ({result.origins[key]})")
+    return "; ".join(parts)
+
+
 def print_summary(out: Any, run_id: str, status_name: str, summary: dict[str, Any],
                   attempts: int) -> None:
+    """A run's last attempt, in words: what its events did not report is said to be unknown
+    (a plain script writes none), never shown as 0, None or ?."""
+    why = summary.get("not_reported")
+    unknown = f"not reported ({why})" if why else "not reported"
     peak = summary.get("peak_allocated_bytes")
+    rss = summary.get("peak_rss_bytes")
     peak_text = (f"{format_bytes(peak)} allocated, "
-                 f"{format_bytes(summary.get('peak_reserved_bytes'))} reserved"
-                 if peak is not None else f"{format_bytes(summary.get('peak_rss_bytes'))} RSS")
+                 f"{format_bytes(summary.get('peak_reserved_bytes'))} reserved (max over ranks)"
+                 if peak is not None else f"{format_bytes(rss)} RSS (max over ranks)"
+                 if rss is not None else "not reported")
     loss = summary.get("loss")
+    steps = summary.get("steps")
     out.print(f"\nrun {run_id}: {status_name}")
-    out.print(f"  steps       {summary.get('steps')}")
-    out.print(f"  loss        {loss:.4f}" if isinstance(loss, float) else f"  loss        {loss}")
-    out.print(f"  peak memory {peak_text} (max over ranks)")
-    out.print(f"  checkpoint  {summary.get('checkpoint')}")
+    out.print(f"  steps       {steps if steps is not None else unknown}")
+    out.print(f"  loss        {loss:.4f}" if isinstance(loss, (int, float))
+              else "  loss        not reported")
+    out.print(f"  peak memory {peak_text}")
+    out.print(f"  checkpoint  {summary.get('checkpoint') or 'none'}")
     out.print(f"  attempts    {attempts}")
 
 

@@ -44,6 +44,11 @@ class ScriptInfo:
     framework_recipe: Path | None = None
     framework_config: Path | None = None
     notes: tuple[str, ...] = ()
+    #: A framework script's own settings: where each ``launch`` value was found
+    #: (``TrainingArguments.learning_rate``) and how long it trains by itself (its max steps,
+    #: epochs and batches: ``frameworks.own_steps``).
+    own: dict[str, str] = field(default_factory=dict)
+    length: dict[str, Any] = field(default_factory=dict)
 
 
 #: Reading this variable (the plan's JSON file) reaches every setting of the plan.

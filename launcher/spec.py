@@ -85,6 +85,12 @@ class Spec:
     provider: str = "local"
     #: A framework script's framework (hf_trainer | accelerate | lightning; launcher/frameworks.py)
     framework: str | None = None
+    #: Where each of the plan's settings came from, in words (``--steps``, ``steps in
+    #: launch.toml``, ``LAUNCH['lr'] in train.py``, ``the script's own: 1 epoch of 2 batches``,
+    #: ``launch's default``), and those the user pinned: a framework script is given only these
+    #: and what the plan must set (docs/frameworks.md).
+    origins: dict[str, str] = dataclasses.field(default_factory=dict, hash=False)
+    pinned: tuple[str, ...] = ()
     # Pins.
     strategy: str | None = None
     machine: str | None = None
@@ -102,7 +108,8 @@ class Spec:
     #: on/off pin (on: full). When both are given they must agree.
     checkpointing: str | None = None
     seq_len: int | None = None
-    steps: int = DEFAULTS["steps"]
+    #: None: a framework script's own length, not known before it runs.
+    steps: int | None = DEFAULTS["steps"]
     lr: float = DEFAULTS["lr"]
     # Training loop settings that are not part of a plan.
     log_every: int = DEFAULTS["log_every"]
@@ -344,7 +351,8 @@ def build_spec(options: dict[str, Any], info: ScriptInfo,
     labels: dict[str, str] = {}
     for key, value in launch.items():
         expected = LAUNCH_KEYS[key]
-        labels[key] = f"LAUNCH[{key!r}] in {name}"
+        # a framework script's are its own settings, as the capture found them
+        labels[key] = f"{name}'s own {key}" if info.framework else f"LAUNCH[{key!r}] in {name}"
         ok = isinstance(value, expected) and not (
             isinstance(value, bool) and expected in (int, (float, int), (float, int, type(None))))
         if not ok:
@@ -365,9 +373,40 @@ def build_spec(options: dict[str, Any], info: ScriptInfo,
     values["mode"] = info.mode
     values["framework"] = info.framework
     values["global_batch_given"] = "global_batch_size" in labels
+    values["origins"], values["pinned"] = _origins(values, options, labels, info)
     spec = Spec(**values)
     _validate(spec, labels)
     return spec
+
+
+#: The plan's settings: the user's pins of these reach a framework script (its own values of
+#: the others stay), and the plan says where each came from.
+SETTINGS = (*LAUNCH_KEYS, "strategy", "machine", "nodes", "gpus_per_node")
+#: Settings whose origin a plan shows even when nobody pinned them.
+SHOWN = ("global_batch_size", "steps", "lr", "optimizer")
+DEFAULT_ORIGIN = "launch's default"
+
+
+def _origins(values: dict[str, Any], options: Mapping[str, Any], labels: Mapping[str, str],
+             info: ScriptInfo) -> tuple[dict[str, str], tuple[str, ...]]:
+    """Where each of the plan's settings came from, and those the user pinned (a flag, the
+    environment, the config file, a recipe's ``LAUNCH``). A framework script's own settings
+    fill the rest (``frameworks.own_settings``: its steps are its own length, not the default),
+    which updates ``values``."""
+    pinned = {k for k in SETTINGS if k in values and (
+        options.get(k) is not None or (k in info.launch and info.framework is None))}
+    origins = {k: labels[k] for k in pinned}
+    if info.framework is not None:
+        from launcher.frameworks import own_settings
+
+        origins.update(own_settings(info.framework, values, pinned, dict(info.launch),
+                                    info.own, info.length))
+    elif "optimizer" not in pinned and "build_optimizer" in info.hooks:
+        origins["optimizer"] = "the recipe's build_optimizer (the name is launch's default)"
+    for key in SHOWN:
+        origins.setdefault(key, DEFAULT_ORIGIN)
+    return ({k: origins[k] for k in SETTINGS if k in origins},
+            tuple(k for k in SETTINGS if k in pinned))
 
 
 def check_options(options: Mapping[str, Any], origins: Mapping[str, str] | None = None

@@ -57,9 +57,13 @@ def _lines(log: Path, key: str, value: str) -> list[dict]:
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_an_overflowing_micro_batch_is_fixed_by_one_resubmission(cli, tmp_path, kind):
+    """No --steps: the Trainer and Lightning scripts train for their own 3 epochs of 8 rows (3
+    steps of 8), which the plan counts and the shim leaves to them (no max_steps written); the
+    accelerate loop counts its own 6 micro-batches, a length the plan cannot know."""
     script = _fixture(tmp_path, kind)
     result = cli(str(script), "--json", "--memory-limit", "3GiB", "--micro-batch-size", "8",
-                 "--global-batch-size", "8", "--steps", "3")
+                 "--global-batch-size", "8",
+                 environ={"FIXTURE_EPOCHS": "3", "FIXTURE_ROWS": "8"})
     assert result.status == 0, result.stderr + result.stdout
     data = result.json()
     first, second = data["attempts"]
@@ -71,6 +75,11 @@ def test_an_overflowing_micro_batch_is_fixed_by_one_resubmission(cli, tmp_path, 
     assert second["plan"]["global_batch_size"] == first["plan"]["global_batch_size"] == 8
     assert "global batch 8 unchanged" in second["change"]
     assert data["summary"]["steps"] == 3
+    assert first["plan"]["steps"] == second["plan"]["steps"] == (
+        None if kind == "accelerate" else 3)
+    # the plan names the optimizer the script builds (Lightning's and accelerate's are SGD)
+    assert first["plan"]["optimizer"] == {"hf_trainer": "adamw", "lightning": "sgd",
+                                          "accelerate": "sgd"}[kind]
 
     run = tmp_path / "state" / "runs" / data["run_id"]
     # The job is the rendered shim; the user's script is run as it is, from its own folder.
@@ -82,14 +91,22 @@ def test_an_overflowing_micro_batch_is_fixed_by_one_resubmission(cli, tmp_path, 
         log = run / f"attempt-{number}" / "output.log"
         settings = _lines(log, "fixture", "settings")[0]
         assert settings["accum"] == accum
-        if kind == "hf_trainer":
-            assert settings["micro"] == micro and settings["max_steps"] == 3
+        if kind == "hf_trainer":  # its own epochs: the shim wrote no max_steps
+            assert settings["micro"] == micro and settings["max_steps"] == -1
+        if kind == "lightning":
+            assert settings["max_steps"] == -1
         if number == 2:
             rows = [line["rows"] for line in _lines(log, "fixture", "forward")]
             assert rows == [4] * 6  # 3 optimizer steps x 2 micro-batches of 4
     if kind == "accelerate":  # a loop without accumulate(): the accumulation is the shim's
         steps = _lines(run / "attempt-2" / "output.log", "fixture", "optimizer_steps")
         assert steps == [{"fixture": "optimizer_steps", "steps": 3}]
+    # The loss reported is the last step's as the script computes it, the mean of its two
+    # micro-batches' losses: not divided by the accumulation the replan added.
+    losses = [line["value"] for line in _lines(run / "attempt-2" / "output.log", "fixture",
+                                               "loss")]
+    assert len(losses) == 6
+    assert data["summary"]["loss"] == pytest.approx(sum(losses[-2:]) / 2, rel=1e-4)
 
 
 @pytest.mark.parametrize("kind", ("hf_trainer", "lightning"))

@@ -144,6 +144,21 @@ def test_a_script_s_own_arguments_are_data_beside_its_entrypoint() -> None:
         render(make_plan(), make_settings(), args)
 
 
+def test_a_framework_script_s_own_length_and_its_pins_are_data() -> None:
+    """A framework script whose length is its own (steps None: not known before it runs) is
+    rendered, with no LAUNCH_STEPS; a recipe's plan needs its steps. plan.json names the
+    settings the user pinned: the shim writes only those over the script's own."""
+    shim = make_settings(mode="script", recipe_file="mine.py", framework="lightning",
+                         pinned=["lr", "steps"])
+    job = render(make_plan(steps=None), shim)
+    document = json.loads(job.files[PLAN_NAME])
+    assert document["steps"] is None and document["pinned"] == ["lr", "steps"]
+    assert "LAUNCH_STEPS" not in job.env
+    assert render(make_plan(), make_settings()).env["LAUNCH_STEPS"] == "100"
+    with pytest.raises(ValueError, match="steps"):
+        render(make_plan(steps=None), make_settings())
+
+
 def test_strategies_without_a_template_are_refused_by_name() -> None:
     with pytest.raises(ValueError, match="pipeline") as raised:
         render(make_plan(strategy="pipeline"), make_settings())

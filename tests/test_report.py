@@ -38,8 +38,33 @@ def test_every_provider_s_plan_fits_in_100_columns_with_the_best_rows(cli, tiny_
         if provider != "local":
             assert len(rows) < 20 < len(all_rows)  # the best per strategy and GPU, not all
             assert "more candidate(s): --all shows every one" in result.stdout
+            # where the chosen plan's settings came from
+            assert "settings: global batch 64 (--global-batch-size); steps 100 (launch's " \
+                "default); lr 0.0003 (launch's default); optimizer adamw (launch's default); " \
+                "sequence length 2048 (--seq-len)" in " ".join(result.stdout.split())
     demo = cli("plan", str(tiny_recipe))
     assert max(len(line.rstrip()) for line in demo.stdout.splitlines()) <= 100
+
+
+def test_a_summary_says_what_the_job_did_not_report_instead_of_0_none_or_a_question_mark():
+    """A plain script writes no progress events: its steps, loss and peak memory are not
+    known, and the summary says so (it said ``steps 0``, ``loss None``, ``peak memory ?``)."""
+    from launcher.report import console, print_summary
+
+    stream = io.StringIO()
+    print_summary(console(stream), "run-1", "succeeded", {
+        "steps": None, "loss": None, "peak_allocated_bytes": None, "peak_reserved_bytes": None,
+        "peak_rss_bytes": None, "checkpoint": None,
+        "not_reported": "a plain script reports no progress events"}, 1)
+    text = stream.getvalue()
+    assert "steps       not reported (a plain script reports no progress events)" in text
+    assert "loss        not reported" in text and "peak memory not reported" in text
+    assert "None" not in text and "?" not in text and " 0\n" not in text
+    stream = io.StringIO()
+    print_summary(console(stream), "run-2", "succeeded", {
+        "steps": 3, "loss": 0.5, "peak_allocated_bytes": None, "peak_reserved_bytes": None,
+        "peak_rss_bytes": 2**30, "checkpoint": "/c/step-3"}, 1)
+    assert "steps       3\n  loss        0.5000\n  peak memory 1.0 GiB RSS" in stream.getvalue()
 
 
 class _Terminal(io.StringIO):

@@ -447,6 +447,62 @@ def test_options_over_launch_and_their_origin(tmp_path):
                    {"steps": "steps in /x/launch.toml"})
 
 
+def test_the_plan_says_where_each_setting_came_from(tmp_path):
+    spec = build_spec({"steps": 7, "precision": "fp32"}, info({"steps": 3, "lr": 0.1}, tmp_path),
+                      {"steps": "steps in /x/launch.toml"})
+    assert spec.origins == {
+        "global_batch_size": "launch's default", "steps": "steps in /x/launch.toml",
+        "lr": "LAUNCH['lr'] in train.py", "precision": "--precision",
+        "optimizer": "launch's default"}
+    assert spec.pinned == ("steps", "lr", "precision")  # a recipe's LAUNCH pins too
+
+
+def framework(kind: str, tmp_path: Path, length: dict) -> ScriptInfo:
+    """A framework script as its capture describes it: its own settings, and its length."""
+    return ScriptInfo(
+        path=tmp_path / "train.py", mode="script", framework=kind,
+        launch={"global_batch_size": 8, "lr": 0.01, "optimizer": "sgd", "max_grad_norm": None},
+        own={"global_batch_size": "batch_size 8 x accumulation 1", "lr": "SGD's lr",
+             "optimizer": "torch.optim.SGD"}, length=length)
+
+
+def test_a_framework_script_keeps_its_own_length_and_settings_unless_pinned(tmp_path):
+    """Launch's default 100 steps is never a framework script's: its own length (1 epoch of 2
+    batches: 2 steps), or None where it cannot be known before it runs; its own optimizer and
+    learning rate are not pins (the job keeps the script's)."""
+    epoch = {"epochs": 1, "batches": 2, "accumulation": 1, "batch_size": 8, "samples": 16}
+    spec = build_spec({}, framework("hf_trainer", tmp_path, epoch))
+    assert (spec.steps, spec.lr, spec.optimizer, spec.global_batch_size) == (2, 0.01, "sgd", 8)
+    assert spec.origins["steps"] == "the script's own: 1 epoch of 2 batches"
+    assert spec.origins["optimizer"] == "the script's own: torch.optim.SGD"
+    assert spec.pinned == ()
+    # pinned: the pin, and only the pins reach the framework
+    spec = build_spec({"steps": 5, "lr": 0.5, "global_batch_size": 16},
+                      framework("hf_trainer", tmp_path, epoch))
+    assert (spec.steps, spec.lr) == (5, 0.5) and spec.pinned == ("global_batch_size", "steps",
+                                                                 "lr")
+    assert spec.origins["steps"] == "--steps"
+    # an unbounded loop: unknown, not 100
+    spec = build_spec({}, framework("accelerate", tmp_path, {"unknown": "its loop stops itself"}))
+    assert spec.steps is None
+    assert spec.origins["steps"] == (
+        "the script's own, not known before it runs: its loop stops itself")
+
+
+def test_a_pin_the_framework_has_no_place_for_keeps_the_scripts_value_and_says_so(tmp_path):
+    epoch = {"epochs": 2, "batches": 2, "accumulation": 1, "batch_size": 8, "samples": 16}
+    spec = build_spec({"steps": 5, "optimizer": "adamw", "lr": 0.5},
+                      framework("accelerate", tmp_path, epoch))
+    assert (spec.steps, spec.optimizer, spec.lr) == (4, "sgd", 0.01) and spec.pinned == ()
+    assert spec.origins["steps"] == (
+        "the script's own: 2 epochs of 2 batches (the loop counts its own batches, which the "
+        "pin --steps does not reach)")
+    assert "which the pin --optimizer does not reach" in spec.origins["optimizer"]
+    spec = build_spec({"lr": 0.5}, framework("lightning", tmp_path, epoch))
+    assert spec.lr == 0.01 and "configure_optimizers" in spec.origins["lr"]
+    assert spec.steps == 4  # Lightning's own epochs: no pin
+
+
 def test_ranges_cover_every_whole_number_field():
     numbers = {f.name for f in dataclasses.fields(Spec)
                if f.type in ("int", "int | None")}

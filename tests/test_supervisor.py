@@ -90,6 +90,20 @@ def test_plain_script_receives_the_plan(cli):
     assert env["LAUNCH_STRATEGY"] == "ddp"
     assert env["LAUNCH_STEPS"] == "3"
     assert json.loads(Path(env["LAUNCH_PLAN"]).read_text())["micro_batch_size"] == 2
+    # it reports no progress events: its steps are unknown, not 0, and the summary says why
+    summary = result.json()["summary"]
+    assert summary["steps"] is None and summary["loss"] is None
+    assert summary["not_reported"] == "a plain script reports no progress events"
+
+
+def test_a_job_s_steps_are_unknown_without_progress_events_and_0_before_the_first():
+    from launcher.supervisor import Progress
+
+    assert Progress().summary()["steps"] is None
+    assert Progress().summary()["not_reported"] == "the job wrote no progress events"
+    died = Progress()
+    died.update({"launch": "oom", "rank": 0, "phase": "forward", "step": 0})
+    assert died.summary()["steps"] == 0 and "not_reported" not in died.summary()
 
 
 def test_out_of_memory_is_stopped_and_reported(cli, write_script):

@@ -6,7 +6,10 @@ the why). Each hook takes the model, optimizer, batch and settings, writes them 
 raises ``Stop`` (a BaseException, so the script's own ``except Exception`` cannot swallow it):
 
 - ``capture.json``: what was found (``reached``: the hook ran), the step's recipe
-  (``step``), the optimizer's class and settings, the framework's settings, notes;
+  (``step``), the optimizer's class and settings, the framework's settings, the script's own
+  values for the plan (``launch``, with where each was found: ``own``) and how long it trains by
+  itself (``length``: max steps, epochs of its loader's batches, an accelerate loop's bounds),
+  notes;
 - ``model.pkl``: the model, pickled with every parameter (and any tensor over 16 MiB) as a
   ``meta`` tensor of its shape and dtype (``launcher.frameworks.meta_tensor``); small buffers keep
   their values (a rotary embedding's frequencies);

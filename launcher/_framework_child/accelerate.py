@@ -4,6 +4,8 @@ how the loop made its loss (the model's own, or a loss function of its output ma
 
 from __future__ import annotations
 
+import ast
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -11,7 +13,14 @@ from typing import Any
 import torch
 
 from launcher._framework_child.answer import ANSWER, STATE, Stop, note, write_answer
-from launcher._framework_child.capture import finish, leaves, save_optimizer
+from launcher._framework_child.capture import (
+    finish,
+    leaves,
+    length,
+    own,
+    samples_of,
+    save_optimizer,
+)
 from launcher._framework_child.measure import start_profile, stop_profile
 
 
@@ -44,6 +53,7 @@ def patch_accelerate() -> None:
             return backward(self, loss, **kwargs)
         if "prepared" in STATE:
             _capture_loss(loss)
+            _capture_length(sys._getframe(1))
         raise Stop
 
     Accelerator.prepare = capture_prepare  # type: ignore[method-assign]
@@ -77,8 +87,11 @@ def _capture_prepare(accelerator: Any, objects: tuple) -> None:
     ANSWER["settings"] = {"batch_size": loader.batch_size, "gradient_accumulation_steps": accum,
                            "mixed_precision": str(getattr(accelerator, "mixed_precision", ""))}
     if isinstance(loader.batch_size, int):
-        ANSWER.setdefault("launch", {})["global_batch_size"] = loader.batch_size * accum
-    ANSWER.setdefault("launch", {})["max_grad_norm"] = None  # a loop clips only if it says so
+        own("global_batch_size", loader.batch_size * accum,
+            f"the DataLoader's batch_size {loader.batch_size} x gradient_accumulation_steps "
+            f"{accum}")
+    own("max_grad_norm", None, "none: a loop clips only where it says so")
+    length(unknown="its loop did not reach backward before the capture stopped it")
     # Written now: a loop that never reaches backward is still traced, with the model's loss.
     finish(model, next(iter(loader)),  # DataLoaderShard fetches a batch ahead of the loop
             {"kind": "model_output", "call": {"style": "auto"}, "lookahead": True})
@@ -127,6 +140,103 @@ def _capture_loss(loss: torch.Tensor) -> None:
                                for t in leaves(_tensors_of(out))]
     ANSWER["step"] = step
     write_answer()
+
+
+def _capture_length(frame: Any) -> None:
+    """How many optimizer steps the loop makes by its own count, read from the loops around
+    its ``accelerator.backward`` (``frame``: the function that called it) when they are bounded:
+    ``for`` loops over ``range(...)`` and, innermost, the prepared DataLoader (or
+    ``enumerate``/``tqdm`` of it), with no ``break``, ``return`` or ``while``. Anything else
+    stays unknown: the loop's length is its own, and known only as it runs."""
+    settings = ANSWER.get("settings") or {}
+    found = _loop_counts(frame)
+    if isinstance(found, str):
+        length(unknown=found)
+        write_answer()
+        return
+    epochs, batches, loader = found
+    length(epochs=epochs, batches=batches,
+           accumulation=int(settings.get("gradient_accumulation_steps") or 1),
+           batch_size=settings.get("batch_size"), samples=samples_of(loader))
+    write_answer()
+
+
+def _loop_counts(frame: Any) -> tuple[int, int, Any] | str:
+    """(iterations of the outer loops, batches of the innermost, its DataLoader), or why not."""
+    from torch.utils.data import DataLoader
+
+    unknown = "its loop counts its own batches"
+    try:
+        tree = ast.parse(Path(frame.f_code.co_filename).read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+        return unknown
+    line = frame.f_lineno
+    functions = (ast.FunctionDef, ast.AsyncFunctionDef)
+    scope: ast.AST = tree
+    for node in ast.walk(tree):
+        if isinstance(node, functions) and node.name == frame.f_code.co_name and (
+                node.lineno <= line <= (node.end_lineno or node.lineno)):
+            if scope is tree or node.lineno > scope.lineno:  # type: ignore[attr-defined]
+                scope = node
+    loops: list[ast.AST] = []
+
+    def around(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (*functions, ast.ClassDef, ast.Lambda)):
+                continue
+            start = getattr(child, "lineno", None)
+            if start is not None and start <= line <= (child.end_lineno or start):
+                if isinstance(child, (ast.For, ast.While, ast.AsyncFor)):
+                    loops.append(child)
+                around(child)
+
+    around(scope)
+    if not loops or any(not isinstance(loop, ast.For) for loop in loops):
+        return "its loop is a while loop" if loops else unknown
+    if any(isinstance(n, (ast.Break, ast.Return)) for n in ast.walk(loops[0])):
+        return "its loop stops itself (a break or return)"
+    counts: list[int] = []
+    loader = None
+    for loop in loops:
+        assert isinstance(loop, ast.For)
+        try:
+            iterable = _iterable(loop.iter, frame)
+            counts.append(len(iterable))
+        except Exception:  # noqa: BLE001 - a loop over what cannot be read here
+            return unknown
+        loader = iterable
+    if not isinstance(loader, DataLoader) or not counts[-1]:
+        return unknown
+    epochs = 1
+    for count in counts[:-1]:
+        epochs *= count
+    return epochs, counts[-1], loader
+
+
+def _iterable(node: ast.expr, frame: Any) -> Any:
+    """What a ``for`` loop iterates over, read from the frame: ``range(...)`` of plain values,
+    ``enumerate(x)``/``tqdm(x, ...)`` as ``x``, or a name, attribute or subscript."""
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+        if node.func.id == "range" and not node.keywords:
+            return range(*(int(_value(a, frame)) for a in node.args))
+        if node.func.id in ("enumerate", "tqdm") and node.args:
+            return _iterable(node.args[0], frame)
+    return _value(node, frame)
+
+
+def _value(node: ast.expr, frame: Any) -> Any:
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, ast.Name):
+        for scope in (frame.f_locals, frame.f_globals, frame.f_builtins):
+            if node.id in scope:
+                return scope[node.id]
+        raise LookupError(node.id)
+    if isinstance(node, ast.Attribute):
+        return getattr(_value(node.value, frame), node.attr)
+    if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
+        return _value(node.value, frame)[node.slice.value]
+    raise TypeError(type(node).__name__)
 
 
 def _tensors_of(out: Any) -> Any:

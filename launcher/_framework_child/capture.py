@@ -122,13 +122,45 @@ def save_optimizer(optimizer: Any) -> None:
             defaults[key] = _jsonable(value)
         except TypeError:
             continue
-    ANSWER["optimizer"] = {"class": f"{cls.__module__}.{cls.__qualname__}",
-                            "defaults": defaults, "name": _OPTIMIZER_NAMES.get(cls.__name__)}
-    launch = ANSWER.setdefault("launch", {})
+    name = f"{cls.__module__}.{cls.__qualname__}"
+    ANSWER["optimizer"] = {"class": name, "defaults": defaults,
+                            "name": _OPTIMIZER_NAMES.get(cls.__name__)}
+    if ANSWER["optimizer"]["name"]:  # the plan names the optimizer the script builds
+        shown = (f"torch.optim.{cls.__name__}" if cls.__module__.startswith("torch.optim.")
+                 else name)
+        own("optimizer", ANSWER["optimizer"]["name"], shown)
     if isinstance(defaults.get("lr"), (int, float)) and defaults["lr"] > 0:
-        launch["lr"] = float(defaults["lr"])
+        own("lr", float(defaults["lr"]), f"{cls.__name__}'s lr")
     if isinstance(defaults.get("weight_decay"), (int, float)) and defaults["weight_decay"] >= 0:
-        launch["weight_decay"] = float(defaults["weight_decay"])
+        own("weight_decay", float(defaults["weight_decay"]), f"{cls.__name__}'s weight_decay")
+
+
+def own(key: str, value: Any, how: str) -> None:
+    """One of the script's own settings, as the plan takes it when the user pins none (its
+    ``LAUNCH`` defaults, ``launch``) and where it was found (``own``: the plan's origins)."""
+    ANSWER.setdefault("launch", {})[key] = value
+    ANSWER.setdefault("own", {})[key] = how
+
+
+def length(*, max_steps: int | None = None, epochs: float | None = None,
+           batches: int | None = None, accumulation: int = 1, batch_size: int | None = None,
+           samples: int | None = None, unknown: str = "") -> None:
+    """How long the script trains by its own settings (``launcher.frameworks.own_steps`` turns
+    it into the plan's steps): a maximum of optimizer steps, and/or epochs of ``batches``
+    batches (``batch_size`` rows each, ``samples`` in all, ``accumulation`` a step);
+    ``unknown``: why it cannot be known before it runs."""
+    ANSWER["length"] = {k: v for k, v in (
+        ("max_steps", max_steps), ("epochs", epochs), ("batches", batches),
+        ("accumulation", accumulation), ("batch_size", batch_size), ("samples", samples),
+        ("unknown", unknown)) if v not in (None, "")}
+
+
+def samples_of(loader: Any) -> int | None:
+    """The number of samples a DataLoader's dataset holds, when it has a length."""
+    try:
+        return len(loader.dataset)
+    except (TypeError, AttributeError):
+        return None
 
 
 def first_optimizer(value: Any) -> Any:

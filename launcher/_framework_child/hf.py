@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from launcher._framework_child.answer import ANSWER, STATE, Stop, note
-from launcher._framework_child.capture import finish, save_optimizer
+from launcher._framework_child.capture import finish, length, own, samples_of, save_optimizer
 from launcher._framework_child.measure import measure
 
 #: from_pretrained's arguments about loading weights, not about the config.
@@ -113,23 +113,38 @@ def _capture_hf(trainer: Any) -> None:
         ANSWER["optimizer"] = {"class": None, "defaults": {},
                                 "name": "adam8bit" if "8bit" in name else (
                                     "adafactor" if "adafactor" in name else None)}
-    batch = next(iter(trainer.get_train_dataloader()))
+        if ANSWER["optimizer"]["name"]:
+            own("optimizer", ANSWER["optimizer"]["name"], f"TrainingArguments.optim {name}")
+    loader = trainer.get_train_dataloader()
+    batch = next(iter(loader))
     accum = int(args.gradient_accumulation_steps)
+    micro = int(args.per_device_train_batch_size)
     ANSWER["settings"] = {
-        "per_device_train_batch_size": int(args.per_device_train_batch_size),
+        "per_device_train_batch_size": micro,
         "gradient_accumulation_steps": accum, "learning_rate": float(args.learning_rate),
-        "max_steps": int(args.max_steps), "optim": str(getattr(args.optim, "value", args.optim)),
-        "bf16": bool(args.bf16),
+        "max_steps": int(args.max_steps), "num_train_epochs": float(args.num_train_epochs),
+        "optim": str(getattr(args.optim, "value", args.optim)), "bf16": bool(args.bf16),
         "fp16": bool(args.fp16), "gradient_checkpointing": bool(args.gradient_checkpointing),
         "max_grad_norm": args.max_grad_norm,
     }
-    launch = ANSWER.setdefault("launch", {})
-    launch["global_batch_size"] = int(args.per_device_train_batch_size) * accum
-    launch["lr"] = float(args.learning_rate)
-    launch["weight_decay"] = float(args.weight_decay)
-    launch["max_grad_norm"] = float(args.max_grad_norm) if args.max_grad_norm else None
+    own("global_batch_size", micro * accum,
+        f"per_device_train_batch_size {micro} x gradient_accumulation_steps {accum}")
+    own("lr", float(args.learning_rate), "TrainingArguments.learning_rate")
+    own("weight_decay", float(args.weight_decay), "TrainingArguments.weight_decay")
+    own("max_grad_norm", float(args.max_grad_norm) if args.max_grad_norm else None,
+        "TrainingArguments.max_grad_norm")
+    # The Trainer's own length: max_steps when set, else its epochs over the loader
+    # (Trainer.set_initial_training_values: ceil(epochs x ceil(batches / accumulation))).
     if int(args.max_steps) > 0:
-        launch["steps"] = int(args.max_steps)
+        length(max_steps=int(args.max_steps))
+    else:
+        try:
+            batches = len(loader)
+        except TypeError:
+            batches = None
+        length(epochs=float(args.num_train_epochs), batches=batches, accumulation=accum,
+               batch_size=micro, samples=samples_of(loader),
+               unknown="" if batches else "epochs of a dataset without a length")
     # the Trainer's loader is accelerate's DataLoaderShard, which fetches a batch ahead
     finish(trainer.model, batch, {"kind": "hf_loss", "lookahead": True})
 

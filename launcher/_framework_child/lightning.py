@@ -6,7 +6,14 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from launcher._framework_child.answer import ANSWER, STATE, Stop, note
-from launcher._framework_child.capture import finish, first_optimizer, save_optimizer
+from launcher._framework_child.capture import (
+    finish,
+    first_optimizer,
+    length,
+    own,
+    samples_of,
+    save_optimizer,
+)
 from launcher._framework_child.measure import measure
 
 
@@ -67,23 +74,45 @@ def _capture_lightning(trainer: Any, model: Any, args: tuple, kwargs: dict) -> N
     accum = int(getattr(trainer, "accumulate_grad_batches", 1) or 1)
     batch_size = getattr(loader, "batch_size", None)
     clip = getattr(trainer, "gradient_clip_val", None)
+    max_steps = int(getattr(trainer, "max_steps", -1))
+    max_epochs = getattr(trainer, "max_epochs", None)
     ANSWER["settings"] = {
         "batch_size": batch_size, "accumulate_grad_batches": accum,
         "precision": str(getattr(trainer, "precision", "")),
-        "max_steps": int(getattr(trainer, "max_steps", -1)), "gradient_clip_val": clip,
+        "max_steps": max_steps, "max_epochs": max_epochs, "gradient_clip_val": clip,
     }
-    launch = ANSWER.setdefault("launch", {})
     if isinstance(batch_size, int):
-        launch["global_batch_size"] = batch_size * accum
-    launch["max_grad_norm"] = float(clip) if clip else None
-    if int(getattr(trainer, "max_steps", -1)) > 0:
-        launch["steps"] = int(trainer.max_steps)
+        own("global_batch_size", batch_size * accum,
+            f"the DataLoader's batch_size {batch_size} x accumulate_grad_batches {accum}")
+    own("max_grad_norm", float(clip) if clip else None, "Trainer(gradient_clip_val)")
+    batches = _batches(trainer, loader)
+    epochs = int(max_epochs) if isinstance(max_epochs, int) and max_epochs > 0 else None
+    length(max_steps=max_steps if max_steps > 0 else None, epochs=epochs, batches=batches,
+           accumulation=accum, batch_size=batch_size if isinstance(batch_size, int) else None,
+           samples=samples_of(loader),
+           unknown="" if max_steps > 0 or (epochs and batches) else
+           "no max_steps, and max_epochs over a loader without a length")
     # Lightning's fetcher fetches a batch ahead only from a loader without a length.
     try:
         ahead = len(loader) is None
     except TypeError:
         ahead = True
     finish(model, batch, {"kind": "lightning", "lookahead": ahead})
+
+
+def _batches(trainer: Any, loader: Any) -> int | None:
+    """The batches of an epoch as Lightning counts them: the loader's length, cut to
+    ``limit_train_batches`` (a count, or a fraction of the length)."""
+    try:
+        batches = len(loader)
+    except TypeError:
+        return None
+    limit = getattr(trainer, "limit_train_batches", None)
+    if isinstance(limit, int) and not isinstance(limit, bool):
+        batches = min(batches, limit)
+    elif isinstance(limit, float):
+        batches = int(batches * limit)
+    return batches or None
 
 
 def _measure_lightning(trainer: Any, fit: Callable[..., Any], model: Any, args: tuple,

@@ -48,7 +48,7 @@ class Cost:
 
 def step_cost(*, flops_per_sample: float | None, global_batch: int, world: int, nodes: int,
               strategy: str, checkpointing: bool | str, gradient_bytes: int | None,
-              parameter_bytes_compute: int | None, steps: int, hw: Hardware,
+              parameter_bytes_compute: int | None, steps: int | None, hw: Hardware,
               reduce_scatters: int = 1, gathers: int = 2) -> Cost:
     price = None if hw.price_per_hour is None else hw.price_per_hour * nodes
     if flops_per_sample is None or not hw.peak_tflops:
@@ -69,5 +69,6 @@ def step_cost(*, flops_per_sample: float | None, global_batch: int, world: int, 
             # reduce-scatter(s) of the gradients
             comm = (gathers + reduce_scatters) * factor * parameter_bytes_compute / bandwidth
     step = compute + comm
-    total = None if price is None else steps * step * price / 3600
+    # steps None: a framework script's own length, not known before it runs (nor its cost)
+    total = None if price is None or steps is None else steps * step * price / 3600
     return Cost(step, price, total)

@@ -88,7 +88,7 @@ class Plan:
     precision: Precision
     optimizer: Optimizer
     activation_checkpointing: bool  # some checkpointing: selective or full (``checkpointing``)
-    steps: int
+    steps: int | None  # None: a framework script's own length, not known before it runs
     lr: float
     seq_len: int | None = None
     fits: bool | None = None

@@ -85,6 +85,9 @@ class PlanResult:
     rejected: list[Rejection] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     status: ExitStatus = ExitStatus.SUCCESS
+    #: Where each of the plan's settings came from (``Spec.origins``): ``--steps``, ``the
+    #: script's own: 1 epoch of 2 batches``, ``launch's default``.
+    origins: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -93,6 +96,7 @@ class PlanResult:
             "chosen": self.chosen.to_dict() if self.chosen else None,
             "rejected": [asdict(r) for r in self.rejected],
             "notes": list(self.notes),
+            "origins": dict(self.origins),
         }
 
 
@@ -397,8 +401,8 @@ def plan(spec: Spec, estimator: Estimator, targets: list[Target], provider: str,
                     else f"${cheapest.total_cost_usd:,.2f}")
             rejected.append(Rejection(
                 option=f"{cheapest.strategy} on {cheapest.machine}",
-                reason=f"costs {cost} for {spec.steps} steps, over the ${spec.budget:,.2f} "
-                       "budget"))
+                reason=f"costs {cost} for {_steps_words(spec)}, over the "
+                       f"${spec.budget:,.2f} budget"))
             status = ExitStatus.OVER_BUDGET
         else:
             chosen, failed_on_chosen = min(within, key=rank)
@@ -417,4 +421,10 @@ def plan(spec: Spec, estimator: Estimator, targets: list[Target], provider: str,
     if foot_note:
         notes.append(foot_note)
     return PlanResult(parameters=parameters, source=source, plans=all_plans, chosen=chosen,
-                      rejected=rejected, notes=notes, status=status)
+                      rejected=rejected, notes=notes, status=status, origins=dict(spec.origins))
+
+
+def _steps_words(spec: Spec) -> str:
+    if spec.steps is None:  # a framework script's own length, not known before it runs
+        return "the script's own number of steps (not known before it runs)"
+    return f"{spec.steps} steps"

@@ -235,6 +235,36 @@ def test_plan_is_traced_and_matches_the_frameworks_own_step(runs: Runs, name: st
         assert any(NOTES[name] in n for n in result["notes"]), result["notes"]
 
 
+#: The script's own length each tested script trains for when no --steps pins it, and how the
+#: plan says it was found (the Trainer's max_steps, epochs of the loader's batches, the loops).
+OWN_STEPS = {
+    "hf_example": (20, "the script's own: max_steps=20"),
+    "hf_classifier": (4, "the script's own: 1 epoch of 4 batches"),  # 32 reviews, 8 a batch
+    "accelerate_nlp": (16, "the script's own: 1 epoch of 16 batches"),  # range(1) x 64 rows / 4
+    "lightning_classifier": (32, "the script's own: 2 epochs of 16 batches"),  # 512 / 32, twice
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(TESTED))
+def test_the_plan_keeps_the_scripts_own_length_and_says_where_each_value_came_from(
+        runs: Runs, name: str) -> None:
+    """Not launch's default 100 steps: the Trainer's max_steps or epochs, Lightning's
+    max_epochs over its loader, an accelerate loop bounded by its loops; the plan's ``origins``
+    say which (the flags pin the micro-batch and the global batch here)."""
+    import json
+
+    status, stdout, stderr = runs.get(name)
+    assert status == 0, stderr
+    result = json.loads(stdout)
+    steps, origin = OWN_STEPS[name]
+    assert result["chosen"]["steps"] == steps
+    assert result["origins"]["steps"] == origin
+    assert result["origins"]["global_batch_size"] == "--global-batch-size"
+    assert result["origins"]["lr"].startswith("the script's own")
+    assert result["origins"]["optimizer"].startswith("the script's own: torch.optim.Adam")
+
+
 @pytest.mark.slow
 def test_an_accelerate_loop_stopped_before_backward_is_traced_with_the_models_loss(
         runs: Runs) -> None:
@@ -245,9 +275,15 @@ def test_an_accelerate_loop_stopped_before_backward_is_traced_with_the_models_lo
     result = json.loads(stdout)
     assert result["model"]["source"] == "traced"
     assert any("loop's loss was not seen" in n for n in result["notes"]), result["notes"]
-    # SGD with momentum, as prepare was given: one state tensor per weight, not AdamW's two
+    # SGD with momentum, as prepare was given: one state tensor per weight, not AdamW's two;
+    # and the plan names it (it named launch's default, adamw, over SGD's bytes)
     memory = result["chosen"]["memory"]
     assert memory["optimizer"] == memory["parameters"]
+    assert result["chosen"]["optimizer"] == "sgd"
+    assert result["origins"]["optimizer"] == "the script's own: torch.optim.SGD"
+    # its loop never got to count a batch: its length is unknown, and so is its cost
+    assert result["chosen"]["steps"] is None
+    assert result["origins"]["steps"].startswith("the script's own, not known before it runs")
 
 
 @pytest.mark.slow
@@ -368,3 +404,71 @@ def test_the_recipes_batches_are_the_captured_rows_at_any_size(tmp_path: Path) -
     assert large["input_ids"].tolist() == rows[[0, 1, 2, 0, 1]].tolist()
     assert large["vocab"].shape == (7,) and large["name"] == "train"  # not the batch's rows
     assert not hasattr(recipe, "build_optimizer")  # the plan's optimizer then
+
+
+# --- the script's own length ------------------------------------------------------------------
+
+
+def test_the_scripts_own_length_is_counted_as_its_framework_counts_it() -> None:
+    from launcher.frameworks import own_steps
+
+    # the Trainer's epochs: ceil(epochs x ceil(batches / accumulation)), as run_clm.py's 1 epoch
+    assert own_steps({"epochs": 1, "batches": 2, "accumulation": 1, "batch_size": 8}, 8) == (
+        2, "1 epoch of 2 batches")
+    assert own_steps({"epochs": 3, "batches": 5, "accumulation": 2, "batch_size": 4}, 8) == (
+        9, "3 epochs of 5 batches, 2 a step")
+    # Lightning's max_steps and max_epochs: the first limit reached
+    assert own_steps({"max_steps": 100, "epochs": 20, "batches": 40, "batch_size": 8}, 8) == (
+        100, "max_steps=100, before 20 epochs of 40 batches")
+    assert own_steps({"max_steps": 1000, "epochs": 20, "batches": 40, "batch_size": 8}, 8)[0] == (
+        800)
+    # at a global batch the user pinned: an epoch is the samples over it
+    assert own_steps({"epochs": 2, "batches": 8, "batch_size": 8, "samples": 64}, 16) == (
+        8, "2 epochs of 64 samples at a global batch of 16")
+    # an accelerate loop that stops itself: not launch's 100, unknown
+    steps, how = own_steps({"unknown": "its loop stops itself (a break or return)"}, 8)
+    assert steps is None and how.endswith("its loop stops itself (a break or return)")
+
+
+def test_an_accelerate_loops_bounds_are_read_from_the_loops_around_backward(
+        tmp_path: Path) -> None:
+    """The capture reads the loops around the first ``accelerator.backward`` in the frame that
+    called it: ``range`` of a value the frame holds, then the DataLoader; a break makes the
+    length the loop's own, unknown."""
+    import importlib.util
+    import sys as _sys
+
+    from launcher._framework_child.accelerate import _loop_counts
+
+    script = tmp_path / "loops.py"
+    script.write_text(
+        "def train(loader, backward, config):\n"
+        "    for _epoch in range(config['epochs']):\n"
+        "        for batch in enumerate(loader):\n"
+        "            backward(batch)\n"
+        "\n"
+        "def stops(loader, backward):\n"
+        "    for step, batch in enumerate(loader):\n"
+        "        backward(batch)\n"
+        "        if step == 3:\n"
+        "            break\n")
+    spec = importlib.util.spec_from_file_location("loops_fixture", script)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    import torch
+    from torch.utils.data import DataLoader
+
+    loader = DataLoader(torch.arange(40), batch_size=8)
+    frames: list = []
+
+    def backward(_batch: Any) -> None:
+        frames.append(_sys._getframe(1))
+        raise StopIteration
+
+    with pytest.raises(StopIteration):
+        module.train(loader, backward, {"epochs": 3})
+    assert _loop_counts(frames[-1]) == (3, 5, loader)
+    with pytest.raises(StopIteration):
+        module.stops(loader, backward)
+    assert _loop_counts(frames[-1]) == "its loop stops itself (a break or return)"
