@@ -325,10 +325,12 @@ class SageMakerProvider(SageMakerLogs, Provider):
             "global_batch_size": str(plan.global_batch_size), "precision": plan.precision,
             "optimizer": plan.optimizer,
             "activation_checkpointing": str(plan.activation_checkpointing).lower(),
-            "steps": str(plan.steps), "lr": repr(float(plan.lr)), "nodes": str(plan.nodes),
+            "lr": repr(float(plan.lr)), "nodes": str(plan.nodes),
             "gpus_per_node": str(plan.gpus_per_node), "launch_run_id": job.run_id,
             "launch_attempt": str(job.attempt),
         }
+        if plan.steps is not None:  # None: a framework script's own length, not "None"
+            hyperparameters["steps"] = str(plan.steps)
         max_run = s.max_run_s
         if s.budget is not None and plan.cost_per_hour_usd:
             # A hard stop from SageMaker itself: no attempt runs longer than the whole budget
