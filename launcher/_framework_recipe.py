@@ -12,7 +12,10 @@ and the step the framework would run:
 - Lightning: the LightningModule's own ``training_step(batch, 0)`` (its ``loss`` if it answers a
   dict), through a wrapper module so that DDP and FSDP see one forward;
 - accelerate: the model called with the batch as the loop called it, and the loss the loop took:
-  the model's own, or the loss function of its output that the capture matched by value.
+  the model's own, or the loss function of its output that the capture matched by value;
+- a plain PyTorch script (``_framework_child/plain.py``): the model called with the inputs of its
+  last call before the first optimizer step, and the loop's loss found the same way (or an
+  element of the output tuple, nanoGPT's ``logits, loss``).
 
 ``build_optimizer`` rebuilds the optimizer the framework made (its class and settings), so the
 trace holds the state that optimizer holds. Imported from launcher/ as a module it does nothing:
@@ -303,24 +306,31 @@ def training_step(model: torch.nn.Module, batch: Any) -> torch.Tensor:
         if not isinstance(out, torch.Tensor):
             raise ValueError("training_step returned no loss (manual optimization?)")
         return out
+    plain = step["kind"] == "plain"  # a plain script's loop: {"args", "kwargs", "extra"}
     holds = step.get("held_output") is not None
     if holds:
         # The loop binds the step's output to a name: Python keeps it alive through backward
         # and the optimizer step, until the next forward returns and the name is bound again.
         # The last step's output at this size is that one; at a new size, one of its shape.
-        rows = len(_first_rows(batch))
+        rows = len(_first_rows(batch["args"] + list(batch["kwargs"].values()))
+                   if plain else _first_rows(batch))
         if _HELD and _HELD[0] != rows:
             _HELD.clear()
         ghost = [] if _HELD else [torch.empty(_rows(shape, rows), dtype=getattr(torch, dtype))
                                   for shape, dtype in step["held_output"]]
-    out = _call(model, batch, step.get("call") or {})
+    # a plain script's model is called with the inputs its loop called it with
+    out = (model(*batch["args"], **batch["kwargs"]) if plain
+           else _call(model, batch, step.get("call") or {}))
     if holds:
         del ghost
         _HELD[:] = [rows, out]
     how = step.get("loss", "model")
-    if how == "function":
+    if how == "index":  # an element of the output: nanoGPT's ``logits, loss = model(X, Y)``
+        return out[step["index"]]
+    if how == "function":  # of the output and the loop's tensor (a plain loop's ``target``)
+        target = batch["extra"][step["target"]] if plain else batch[step["target"]]
         return _loss_function(step["function"], _output_tensor(out, step.get("output", "auto")),
-                              batch[step["target"]], bool(step.get("flatten")))
+                              target, bool(step.get("flatten")))
     loss = _output_loss(out) if how == "model" else None
     return loss if loss is not None else _output_tensor(out).float().sum()
 

@@ -26,6 +26,10 @@ The job runs the script unmodified too, through ``launch_framework.py`` (rendere
 ``trainer_templates/framework.py.j2``), which gives the framework the plan through its own
 settings (docs/frameworks.md).
 
+A plain PyTorch script (no recipe hooks, no framework) is captured the same way, kind ``plain``
+(``inspect_plain``): stopped at its first optimizer step, with the batch flag its argparse
+declares (docs/frameworks.md, "Plain PyTorch scripts").
+
 This module imports neither torch nor the frameworks: recognising a script is ``ast`` only, and
 ``launch --help`` stays instant.
 """
@@ -47,8 +51,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-Kind = Literal["hf_trainer", "accelerate", "lightning"]
+Kind = Literal["hf_trainer", "accelerate", "lightning", "plain"]
 #: In the order they are recognised: a Trainer or Lightning script may import accelerate too.
+#: ("plain" is no framework: a plain PyTorch script, captured at its first optimizer step.)
 KINDS: tuple[Kind, ...] = ("hf_trainer", "lightning", "accelerate")
 #: Seconds the script may run before it must have reached training (LAUNCH_CAPTURE_TIMEOUT).
 DEFAULT_CAPTURE_TIMEOUT_S = 180.0
@@ -92,6 +97,10 @@ class Capture:
     hooks: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
     hardware: dict[str, Any] = field(default_factory=dict)
+    #: A plain script's own flags for the plan's settings (``{"micro_batch_size":
+    #: "--batch-size"}``), learned from its argparse, and their values as it ran.
+    flags: dict[str, str] = field(default_factory=dict)
+    flag_values: dict[str, Any] = field(default_factory=dict)
 
 
 # --- recognition (ast only) -------------------------------------------------------------------
@@ -192,7 +201,8 @@ def capture(
     notes = list(answer.get("notes") or ())
     if timed_out and not answer.get("reached"):
         where = {"hf_trainer": "Trainer.train()", "lightning": "Trainer.fit()",
-                 "accelerate": "Accelerator.prepare()"}[detected.kind]
+                 "accelerate": "Accelerator.prepare()",
+                 "plain": "its first optimizer step"}[detected.kind]
         notes.append(f"{path.name} did not reach {where} within {timeout:.0f} s "
                      "(LAUNCH_CAPTURE_TIMEOUT): it was stopped there")
     elif not answer:
@@ -211,6 +221,8 @@ def capture(
         length=dict(answer.get("length") or {}), settings=dict(answer.get("settings") or {}),
         hooks=tuple(answer.get("hooks") or ()) if recipe else (), notes=tuple(notes),
         hardware=dict(answer.get("hardware") or {}),
+        flags=dict(answer.get("flags") or {}) if recipe else {},
+        flag_values=dict(answer.get("flag_values") or {}) if recipe else {},
     )
 
 
@@ -266,12 +278,8 @@ def inspect_framework(path: Path, detected: Detected, *, python: str = sys.execu
     ``LAUNCH`` defaults (global batch, lr, steps, clipping) and the recipe to trace."""
     from launcher.script_info import Hardware, ScriptInfo
 
-    if folder is None:  # the state dir's, as hf_recipes; else one per user under the tmp dir
-        state = (env if env is not None else os.environ).get("LAUNCH_STATE_DIR")
-        folder = (Path(state) / "framework_recipes" if state else
-                  Path(tempfile.gettempdir()) / f"launch-framework-{os.getuid()}")
-    found = capture(path, detected, argv=argv, folder=folder, python=python, env=env,
-                    hardware=local)
+    found = _capture_in_state(path, detected, python=python, env=env, local=local, argv=argv,
+                              folder=folder)
     known = {f for f in Hardware.__dataclass_fields__}
     hardware = Hardware(**{k: v for k, v in found.hardware.items() if k in known})
     return ScriptInfo(
@@ -279,6 +287,43 @@ def inspect_framework(path: Path, detected: Detected, *, python: str = sys.execu
         parameters=found.parameters, trainable_parameters=found.trainable_parameters,
         hardware=hardware, framework=found.kind, framework_recipe=found.recipe,
         framework_config=found.config, notes=found.notes, own=found.own, length=found.length,
+    )
+
+
+def _capture_in_state(path: Path, detected: Detected, *, python: str, env: dict[str, str] | None,
+                      local: bool, argv: tuple[str, ...] | list[str], folder: Path | None
+                      ) -> Capture:
+    if folder is None:  # the state dir's, as hf_recipes; else one per user under the tmp dir
+        state = (env if env is not None else os.environ).get("LAUNCH_STATE_DIR")
+        folder = (Path(state) / "framework_recipes" if state else
+                  Path(tempfile.gettempdir()) / f"launch-framework-{os.getuid()}")
+    return capture(path, detected, argv=argv, folder=folder, python=python, env=env,
+                   hardware=local)
+
+
+def inspect_plain(path: Path, *, python: str = sys.executable, env: dict[str, str] | None = None,
+                  local: bool = True, argv: tuple[str, ...] | list[str] = (),
+                  folder: Path | None = None) -> Any:
+    """``launcher.recipe.inspect_script`` for a plain PyTorch script (no recipe hooks, no
+    framework): run as it is, with its own arguments, up to its first optimizer step
+    (``_framework_child/plain.py``), and traced through the recipe made from what it built, as
+    a framework script is. It stays a plain script (``framework`` None: the job runs it as it
+    is); its batch size is its own global batch, and the flag it reads it from (its argparse)
+    is how the plan reaches it (``flags``). A script that does not get there keeps its notes:
+    it is planned from ``--params`` then, as before."""
+    from launcher.script_info import Hardware, ScriptInfo
+
+    found = _capture_in_state(path, Detected("plain"), python=python, env=env, local=local,
+                              argv=argv, folder=folder)
+    known = {f for f in Hardware.__dataclass_fields__}
+    hardware = Hardware(**{k: v for k, v in found.hardware.items() if k in known})
+    if found.recipe is None:
+        return ScriptInfo(path=path, mode="script", hardware=hardware, notes=found.notes)
+    return ScriptInfo(
+        path=path, mode="script", hooks=found.hooks, launch=found.launch,
+        parameters=found.parameters, trainable_parameters=found.trainable_parameters,
+        hardware=hardware, framework_recipe=found.recipe, notes=found.notes, own=found.own,
+        flags=found.flags, flag_values=found.flag_values,
     )
 
 

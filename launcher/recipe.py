@@ -66,7 +66,7 @@ def inspect_script(
     path: Path, *, python: str = sys.executable, timeout_s: float | None = None,
     env: dict[str, str] | None = None, local: bool = True, count_flops: bool = True,
     probe: Callable[..., dict[str, Any] | None] | None = None,
-    argv: tuple[str, ...] | list[str] = (),
+    argv: tuple[str, ...] | list[str] = (), capture_plain: bool = False,
 ) -> ScriptInfo:
     """Classify ``path`` and, for a recipe, load it in a child process for LAUNCH and its size.
 
@@ -77,16 +77,21 @@ def inspect_script(
     already running (the estimator's prestarted trace child) and may answer None: then the
     usual child does it. ``argv``: the script's own arguments, which a framework script is run
     with (its ``sys.argv[1:]``) up to where training starts; a recipe takes none
-    (``spec.refuse_recipe_args``) and a plain script is not run here.
+    (``spec.refuse_recipe_args``). ``capture_plain``: a plain script (no hooks, no framework) is
+    run the same way up to its first optimizer step (``frameworks.inspect_plain``) and traced
+    from what it built; without it (the model is described: --params, --model-config) it is not
+    run here.
     """
     mode, hooks = classify(path)
     if mode == "script":
-        from launcher.frameworks import detect, inspect_framework
+        from launcher.frameworks import detect, inspect_framework, inspect_plain
 
         detected = detect(path)
         if detected is not None:  # run to where training starts (a time limit), not imported
             return inspect_framework(path, detected, python=python, env=env, local=local,
                                      argv=argv)
+        if capture_plain:  # run to its first optimizer step (a time limit), not imported
+            return inspect_plain(path, python=python, env=env, local=local, argv=argv)
     if mode == "script" and not local:
         return ScriptInfo(path=path, mode=mode, hooks=hooks)
     answer = None

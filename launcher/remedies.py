@@ -305,7 +305,9 @@ def _failure(failure: Failure | Mapping[str, Any]) -> Failure:
 
 #: The variables through which each change of a plan reaches a plain script (any one of them,
 #: or ``LAUNCH_PLAN``, the whole plan as JSON). Expandable segments are PyTorch's own variable,
-#: set in the job's environment: they reach every script.
+#: set in the job's environment: they reach every script. A script's own flag learned from its
+#: argparse counts as the variable of the setting it carries (``script_info.FLAG_VARIABLES``:
+#: ``--batch-size`` as LAUNCH_MICRO_BATCH_SIZE), in the ``reads`` given to ``replan``.
 REACHED_BY: dict[str, tuple[str, ...]] = {
     SMALLER_MICRO_BATCH.name: ("LAUNCH_MICRO_BATCH_SIZE",),
     CHECKPOINTING.name: ("LAUNCH_CHECKPOINTING", "LAUNCH_ACTIVATION_CHECKPOINTING"),

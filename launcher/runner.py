@@ -209,10 +209,13 @@ class Runner:
 
     def _plan(self, options: dict[str, Any], origins: dict[str, str], dry_run: bool,
               progress: Progress) -> PlannedRun:
+        from dataclasses import replace
+
         from launcher.options import check_environment
         from launcher.preflight import preflight
         from launcher.providers import PLANNED, REGISTRY, get_provider
         from launcher.recipe import classify, inspect_script
+        from launcher.script_info import flag_notes
         from launcher.spec import SCRIPT_ARGS_LABEL, build_spec, check_options, refuse_recipe_args
 
         env = self.env
@@ -266,17 +269,22 @@ class Runner:
         else:
             info = inspect_script(options["script"], python=env.python, env=env.environ,
                                   local=name == "local", count_flops=not tracing, probe=probe,
-                                  argv=script_args)
+                                  argv=script_args, capture_plain=options.get("params") is None
+                                  and options.get("model_config") is None)
         spec = build_spec(options, info, origins)
         with progress("estimating memory and planning"):
             result = preflight(spec, info, env.state_dir, env.environ)
+        if spec.script_flags and result.chosen is not None:
+            spec = replace(spec, script_args=spec.args_for(result.chosen))
+        result.notes.extend(flag_notes(spec.script.name, spec.script_flags, result.chosen,
+                                       _plain_reads(spec) or frozenset()))
         if provider_error:
             result.notes.append(f"no {name} request: {provider_error}")
         unseen = _unseen_settings(spec)
         if unseen:
             result.notes.append(
                 f"{spec.script.name} reads none of {', '.join(unseen)} (nor LAUNCH_PLAN): the "
-                "plan's micro-batch, accumulation and checkpointing do not reach it, and an "
+                f"plan's {_unseen_words(unseen)} not reach it, and an "
                 "out-of-memory failure will not be resubmitted with a change it cannot see")
         return PlannedRun(spec, info, result, provider, settings=_recordable(options))
 
@@ -530,13 +538,15 @@ def _log_lines(provider: Provider, job_id: str, follow: bool) -> Iterator[str]:
 
 
 def _plain_reads(spec: Spec) -> frozenset[str] | None:
-    """The ``LAUNCH_*`` variables a plain script reads; ``None`` for a recipe or a framework
-    script, which the plan reaches whole (rendered, or through the framework's settings)."""
-    from launcher.script_info import launch_variables
+    """The ``LAUNCH_*`` variables a plain script reads, or whose setting its own flag carries
+    (``Spec.script_flags``, learned from its argparse: ``--batch-size`` reaches it as
+    ``LAUNCH_MICRO_BATCH_SIZE`` would); ``None`` for a recipe or a framework script, which the
+    plan reaches whole (rendered, or through the framework's settings)."""
+    from launcher.script_info import flag_variables, launch_variables
 
     if spec.mode != "script" or spec.framework is not None or spec.script.name == NO_SCRIPT.name:
         return None
-    return launch_variables(spec.script)
+    return launch_variables(spec.script) | flag_variables(spec.script_flags)
 
 
 def _unseen_settings(spec: Spec) -> list[str]:
@@ -548,6 +558,14 @@ def _unseen_settings(spec: Spec) -> list[str]:
     if reads is None or "LAUNCH_PLAN" in reads:
         return []
     return [v for carriers in REACHED_BY.values() if not set(carriers) & reads for v in carriers]
+
+
+def _unseen_words(unseen: list[str]) -> str:
+    """``micro-batch, accumulation and checkpointing do`` for the settings ``unseen`` carry
+    (a script with its own batch flag still misses checkpointing: ``checkpointing does``)."""
+    if "LAUNCH_MICRO_BATCH_SIZE" in unseen:
+        return "micro-batch, accumulation and checkpointing do"
+    return "checkpointing does"
 
 
 def _recordable(options: Mapping[str, Any]) -> dict[str, Any]:

@@ -49,6 +49,16 @@ class ScriptInfo:
     #: epochs and batches: ``frameworks.own_steps``).
     own: dict[str, str] = field(default_factory=dict)
     length: dict[str, Any] = field(default_factory=dict)
+    #: A captured plain script's own flags for the plan's settings, learned from its argparse
+    #: (``{"micro_batch_size": "--batch-size"}``), and the values it ran with: the plan reaches
+    #: the script through them (``with_flags``).
+    flags: dict[str, str] = field(default_factory=dict)
+    flag_values: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def captured(self) -> bool:
+        """A plain script launch ran to its first optimizer step: traced, no --params needed."""
+        return self.framework is None and self.framework_recipe is not None
 
 
 #: Reading this variable (the plan's JSON file) reaches every setting of the plan.
@@ -72,3 +82,52 @@ def launch_variables(path: Path) -> frozenset[str]:
         if isinstance(node, ast.Constant) and isinstance(node.value, str)
         and node.value.startswith("LAUNCH_") and node.value[7:].replace("_", "").isalnum()
         and node.value.isupper())
+
+
+#: The plan's settings a plain script's own flag can carry, and the ``LAUNCH_*`` variable each
+#: stands for (a learned flag reaches the script as reading that variable would).
+FLAG_VARIABLES = {"micro_batch_size": "LAUNCH_MICRO_BATCH_SIZE",
+                  "grad_accum_steps": "LAUNCH_GRAD_ACCUM_STEPS"}
+
+
+def with_flags(args: tuple[str, ...] | list[str], flags: dict[str, str],
+               own: dict[str, Any], plan: Any) -> tuple[str, ...]:
+    """``args`` with each learned flag (``FLAG_VARIABLES``) set to ``plan``'s value where that
+    differs from the script's own (``own``): an occurrence in ``args`` (``--batch-size 64``,
+    ``--batch-size=64``) is replaced, else the flag is appended (argparse: the last one wins)."""
+    out = list(args)
+    for key, flag in flags.items():
+        value = getattr(plan, key, None) if key in FLAG_VARIABLES else None
+        if value is None or value == own.get(key):
+            continue
+        text = str(value)
+        for i, arg in enumerate(out):
+            if arg == flag and i + 1 < len(out):
+                out[i + 1] = text
+                break
+            if arg.startswith(flag + "="):
+                out[i] = f"{flag}={text}"
+                break
+        else:
+            out += [flag, text]
+    return tuple(out)
+
+
+def flag_variables(flags: dict[str, str]) -> frozenset[str]:
+    """The ``LAUNCH_*`` variables a script's learned flags stand for."""
+    return frozenset(FLAG_VARIABLES[k] for k in flags if k in FLAG_VARIABLES)
+
+
+def flag_notes(name: str, flags: dict[str, str], plan: Any, reads: frozenset[str]) -> list[str]:
+    """Which of the plan's settings a plain script's own flags carry, in the plan's words, and
+    what a micro-batch without an accumulation flag means for it (``reads``: the variables it
+    reads, ``runner._plain_reads``)."""
+    words = {"micro_batch_size": "micro-batch", "grad_accum_steps": "accumulation"}
+    notes = [f"{words[k]} -> {flag} (the script's own flag)"
+             for k, flag in flags.items() if k in FLAG_VARIABLES]
+    if (plan is not None and "micro_batch_size" in flags and plan.grad_accum_steps > 1
+            and "grad_accum_steps" not in flags and "LAUNCH_GRAD_ACCUM_STEPS" not in reads):
+        notes.append(f"{name} has no accumulation flag: it trains at "
+                     f"{flags['micro_batch_size']} {plan.micro_batch_size} per process, not "
+                     f"the plan's {plan.grad_accum_steps} micro-batches a step")
+    return notes

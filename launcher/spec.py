@@ -143,6 +143,21 @@ class Spec:
     #: The script's own arguments (``launch SCRIPT -- ARGS``, or ``script_args`` in a config
     #: file), passed to it verbatim as a list wherever it runs: never a shell string.
     script_args: tuple[str, ...] = ()
+    #: A plain script launch captured and traces (``ScriptInfo.captured``): its own settings
+    #: are not pins, and it needs no --params.
+    captured: bool = False
+    #: A captured plain script's own flags for the plan's settings (``{"micro_batch_size":
+    #: "--batch-size"}``) and the values it runs with by itself: ``args_for`` gives a plan's
+    #: values to it through them.
+    script_flags: dict[str, str] = dataclasses.field(default_factory=dict, hash=False)
+    script_flag_values: dict[str, Any] = dataclasses.field(default_factory=dict, hash=False)
+
+    def args_for(self, plan: Any) -> tuple[str, ...]:
+        """The script's arguments for ``plan``: its own, with each learned flag set to the plan's
+        value where that differs from the script's (``script_info.with_flags``)."""
+        from launcher.script_info import with_flags
+
+        return with_flags(self.script_args, self.script_flags, self.script_flag_values, plan)
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -352,7 +367,8 @@ def build_spec(options: dict[str, Any], info: ScriptInfo,
     for key, value in launch.items():
         expected = LAUNCH_KEYS[key]
         # a framework script's are its own settings, as the capture found them
-        labels[key] = f"{name}'s own {key}" if info.framework else f"LAUNCH[{key!r}] in {name}"
+        labels[key] = (f"{name}'s own {key}" if info.framework or info.captured
+                       else f"LAUNCH[{key!r}] in {name}")
         ok = isinstance(value, expected) and not (
             isinstance(value, bool) and expected in (int, (float, int), (float, int, type(None))))
         if not ok:
@@ -372,10 +388,13 @@ def build_spec(options: dict[str, Any], info: ScriptInfo,
     values["script"] = info.path
     values["mode"] = info.mode
     values["framework"] = info.framework
+    values["captured"] = info.captured
+    values["script_flags"] = dict(info.flags)
+    values["script_flag_values"] = dict(info.flag_values)
     values["global_batch_given"] = "global_batch_size" in labels
     values["origins"], values["pinned"] = _origins(values, options, labels, info)
     spec = Spec(**values)
-    _validate(spec, labels)
+    _validate(spec, labels, info.notes)
     return spec
 
 
@@ -394,13 +413,23 @@ def _origins(values: dict[str, Any], options: Mapping[str, Any], labels: Mapping
     fill the rest (``frameworks.own_settings``: its steps are its own length, not the default),
     which updates ``values``."""
     pinned = {k for k in SETTINGS if k in values and (
-        options.get(k) is not None or (k in info.launch and info.framework is None))}
+        options.get(k) is not None or (k in info.launch and info.framework is None
+                                        and not info.captured))}
     origins = {k: labels[k] for k in pinned}
+    if info.captured:  # a plain script's own settings, as the capture found them
+        from launcher.frameworks import SCRIPT_OWN
+
+        for key in info.launch:
+            if key not in pinned:
+                origins[key] = SCRIPT_OWN + (f": {info.own[key]}" if info.own.get(key) else "")
     if info.framework is not None:
         from launcher.frameworks import own_settings
 
         origins.update(own_settings(info.framework, values, pinned, dict(info.launch),
                                     info.own, info.length))
+    elif "optimizer" not in pinned and "build_optimizer" in info.hooks and info.captured:
+        origins.setdefault("optimizer", "the script's own optimizer (the name is launch's "
+                                        "default)")
     elif "optimizer" not in pinned and "build_optimizer" in info.hooks:
         origins["optimizer"] = "the recipe's build_optimizer (the name is launch's default)"
     for key in SHOWN:
@@ -418,7 +447,8 @@ def check_options(options: Mapping[str, Any], origins: Mapping[str, str] | None 
                   lambda name: (origins or {}).get(name) or _flag(name))
 
 
-def _validate(spec: Spec, labels: Mapping[str, str] | None = None) -> None:
+def _validate(spec: Spec, labels: Mapping[str, str] | None = None,
+              notes: tuple[str, ...] = ()) -> None:
     _check_fields({f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)},
                   lambda name: (labels or {}).get(name) or _flag(name))
     refuse_recipe_args(spec.script, spec.mode, spec.script_args,
@@ -427,9 +457,11 @@ def _validate(spec: Spec, labels: Mapping[str, str] | None = None) -> None:
         raise UsageError("smp_v2 is SageMaker's model-parallel library and runs only there",
                          "use --provider sagemaker, or --strategy fsdp / hybrid_shard")
     if (spec.mode == "script" and spec.params is None and spec.model_config is None
-            and spec.framework is None):  # a framework script is traced from what it builds
+            and spec.framework is None and not spec.captured):  # traced from what it builds
         raise UsageError(
-            f"{spec.script.name} is a plain script, so launch cannot trace its model",
+            f"{spec.script.name} is a plain script that launch could not run to its first "
+            f"optimizer step, so it cannot trace its model"
+            + (f" ({'; '.join(notes)})" if notes else ""),
             "describe it with --model-config config.json or --params 7B, or make it a recipe "
             "(build_model, example_batch, training_step)",
         )

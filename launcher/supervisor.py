@@ -123,7 +123,8 @@ def build_job(spec: Spec, plan: Plan, run_id: str, number: int, run_path: Path) 
         max_grad_norm=spec.max_grad_norm, weight_decay=spec.weight_decay,
         framework=spec.framework, pinned=list(spec.pinned),
     )
-    rendered: RenderedJob = render(plan, settings, spec.script_args)
+    # a plain script's learned flags carry this plan's micro-batch (Spec.args_for)
+    rendered: RenderedJob = render(plan, settings, spec.args_for(plan))
     attempt_dir = run_path / f"attempt-{number}"
     return Job(
         run_id=run_id, attempt=number, plan=plan, rendered=rendered,

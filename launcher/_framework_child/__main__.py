@@ -18,6 +18,7 @@ from launcher._framework_child.accelerate import patch_accelerate
 from launcher._framework_child.answer import ANSWER, STATE, Stop, note, write_answer
 from launcher._framework_child.hf import patch_transformers
 from launcher._framework_child.lightning import patch_lightning
+from launcher._framework_child.plain import patch_plain
 
 
 def _user_line(exc: BaseException, script: Path) -> str:
@@ -52,7 +53,8 @@ def main(argv: list[str]) -> int:
     write_answer()
     modules = [m for m in options.modules.split(",") if m]
     where = {"hf_trainer": "Trainer.train()", "lightning": "Trainer.fit()",
-             "accelerate": "Accelerator.prepare()"}[options.kind]
+             "accelerate": "Accelerator.prepare()",
+             "plain": "its first optimizer step"}[options.kind]
     sys.argv = [str(script), *script_args]
     sys.path.insert(0, str(script.parent))
     try:
@@ -62,6 +64,8 @@ def main(argv: list[str]) -> int:
             patch_lightning(modules)
         elif options.kind == "accelerate":
             patch_accelerate()
+        elif options.kind == "plain":
+            patch_plain()
     except ImportError as exc:
         note(f"{options.kind} cannot be imported here ({exc}): install it to trace the script")
         write_answer()

@@ -123,11 +123,11 @@ def _capture_loss(loss: torch.Tensor) -> None:
     args, kwargs, out = calls[0]
     step: dict[str, Any] = {"kind": "model_output", "call": _call_style(batch, args, kwargs),
                             "lookahead": True}
-    own = _output_loss(out)
-    if own is not None and (own is loss or _same(own, loss)):
+    own = output_loss(out)
+    if own is not None and (own is loss or same_values(own, loss)):
         step["loss"] = "model"
     else:
-        match = _match_loss(out, batch, loss, F)
+        match = match_loss(out, batch, loss, F)
         if match is None:
             note("the loop's loss is not the model's own nor a cross-entropy, MSE, L1, NLL or "
                   "BCE of its output: the traced step sums the output (the loss's own "
@@ -137,7 +137,7 @@ def _capture_loss(loss: torch.Tensor) -> None:
             step.update(match)
     if _loop_binds_output(STATE["script"]):
         step["held_output"] = [[list(t.shape), str(t.dtype).removeprefix("torch.")]
-                               for t in leaves(_tensors_of(out))]
+                               for t in leaves(tensors_of(out))]
     ANSWER["step"] = step
     write_answer()
 
@@ -239,7 +239,7 @@ def _value(node: ast.expr, frame: Any) -> Any:
     raise TypeError(type(node).__name__)
 
 
-def _tensors_of(out: Any) -> Any:
+def tensors_of(out: Any) -> Any:
     """The tensors a model's output holds (a ModelOutput is a Mapping of them)."""
     if isinstance(out, torch.Tensor):
         return out
@@ -289,7 +289,7 @@ def _call_style(batch: Any, args: tuple, kwargs: dict) -> dict[str, Any]:
     return {"style": "auto"}
 
 
-def _output_loss(out: Any) -> torch.Tensor | None:
+def output_loss(out: Any) -> torch.Tensor | None:
     loss = out.get("loss") if isinstance(out, Mapping) else getattr(out, "loss", None)
     return loss if isinstance(loss, torch.Tensor) else None
 
@@ -305,12 +305,12 @@ def _output_tensor(out: Any) -> tuple[torch.Tensor | None, str]:
     return None, "none"
 
 
-def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+def same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.shape == b.shape and bool(torch.allclose(a.detach().float(), b.detach().float(),
                                                       rtol=1e-5, atol=1e-6))
 
 
-def _match_loss(out: Any, batch: Any, loss: torch.Tensor, F: Any) -> dict[str, Any] | None:
+def match_loss(out: Any, batch: Any, loss: torch.Tensor, F: Any) -> dict[str, Any] | None:
     output, which = _output_tensor(out)
     if output is None:
         return None
@@ -332,7 +332,7 @@ def _match_loss(out: Any, batch: Any, loss: torch.Tensor, F: Any) -> dict[str, A
                         got = _apply_loss(F, name, output, target, flatten)
                     except Exception:  # noqa: BLE001 - shapes that do not go together
                         continue
-                    if _same(got, loss):
+                    if same_values(got, loss):
                         return {"loss": "function", "function": name, "output": which,
                                 "target": key, "flatten": flatten}
     return None

@@ -1,0 +1,300 @@
+"""A plain PyTorch script: its first ``Optimizer.step`` is where its training has started.
+
+Nothing of a framework tells where the model, the batch and the loss are, so the capture watches
+the script run until its first optimizer step (a global step pre-hook, torch's own), and takes
+what it has seen by then:
+
+- every top-level module call made with gradients on (``nn.Module.__call__`` at depth 0: the
+  model the loop calls, not its submodules, nor a loss module inside it), with its inputs and
+  output; the model is the one of those whose parameters the optimizer holds;
+- the tensor the loop called ``backward`` on (its loss), and the tensors of the frame that called
+  it (the loop's locals: its ``target``), where the loss is matched by value against the model's
+  own loss, an element of its output tuple (nanoGPT's ``logits, loss``), or a loss function of
+  its output and one of those tensors (accelerate's ``match_loss``);
+- ``argparse``: each parser's options and the values it parsed, from which the script's batch
+  flag is learned (the option whose value is the batch's leading dimension).
+
+A script written for the GPU it will get is run here without one: ``torch.cuda.is_available()``
+is false, and ``.cuda()`` on a module or tensor stays on the CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+import torch
+
+from launcher._framework_child.accelerate import (
+    match_loss,
+    output_loss,
+    same_values,
+    tensors_of,
+)
+from launcher._framework_child.answer import ANSWER, STATE, Stop, note, write_answer
+from launcher._framework_child.capture import finish, leaves, own, save_optimizer
+from launcher._framework_child.measure import start_profile, stop_profile
+
+#: Option names that say "the batch size" (their dest, ``-`` as ``_``), best first.
+_BATCH_DESTS = ("micro_batch_size", "per_device_train_batch_size", "batch_size", "train_batch_size",
+                "bs", "batch", "mbs")
+_ACCUM_DESTS = ("gradient_accumulation_steps", "grad_accum_steps", "accumulation_steps",
+                "grad_accum", "accum_steps", "gradient_accumulation")
+_STEPS_DESTS = ("max_steps", "steps", "max_iters", "iters", "num_steps", "train_steps")
+_EPOCHS_DESTS = ("epochs", "num_epochs", "max_epochs", "num_train_epochs", "n_epochs")
+
+
+def patch_plain() -> None:
+    """The hooks: argparse's parsed values, the top-level module calls, backward, and the first
+    optimizer step (which stops the script)."""
+    _patch_argparse()
+    _patch_cuda()
+    calls: dict[int, tuple[torch.nn.Module, tuple, dict, Any]] = {}
+    STATE["plain_calls"] = calls
+    depth = [0]
+    module_call = torch.nn.Module.__call__
+
+    def recording_call(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+        if depth[0] or not torch.is_grad_enabled():
+            return module_call(self, *args, **kwargs)
+        if STATE.get("measure") and "measured_model" not in STATE and any(
+                True for _ in self.parameters()):
+            STATE["measured_model"] = self
+            start_profile()  # from the loop's first forward on
+        depth[0] += 1
+        try:
+            out = module_call(self, *args, **kwargs)
+        finally:
+            depth[0] -= 1
+        calls.pop(id(self), None)
+        calls[id(self)] = (self, args, kwargs, out)  # the last call of each, in call order
+        return out
+
+    torch.nn.Module.__call__ = recording_call  # type: ignore[method-assign]
+    backward = torch.Tensor.backward
+
+    def recording_backward(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        if "plain_loss" not in STATE:
+            STATE["plain_loss"] = self
+            STATE["plain_frame"] = dict(sys._getframe(1).f_locals)
+        return backward(self, *args, **kwargs)
+
+    torch.Tensor.backward = recording_backward  # type: ignore[method-assign]
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+    def first_step(optimizer: torch.optim.Optimizer, *_: Any) -> None:
+        if STATE.get("measure"):  # two real steps; stopped before the third
+            STATE["steps"] = STATE.get("steps", 0) + 1
+            if STATE["steps"] < 3 or "profile" not in STATE:
+                return
+            stop_profile()
+            raise Stop
+        if not ANSWER["reached"]:
+            _capture(optimizer)
+        raise Stop
+
+    register_optimizer_step_pre_hook(first_step)
+
+
+def _patch_cuda() -> None:
+    """``.cuda()`` stays on the CPU when there is no GPU here (the script was written for one)."""
+    if torch.cuda.is_available():
+        return
+    torch.nn.Module.cuda = lambda self, device=None: self  # type: ignore[method-assign]
+    torch.Tensor.cuda = lambda self, *a, **k: self  # type: ignore[method-assign]
+
+
+def _patch_argparse() -> None:
+    parse = argparse.ArgumentParser.parse_known_args
+    parsed: list[dict[str, Any]] = []
+    STATE["plain_parsers"] = parsed
+
+    def recording_parse(self: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> Any:
+        namespace, rest = parse(self, *args, **kwargs)
+        options = []
+        for action in self._actions:
+            if not action.option_strings or action.dest == "help":
+                continue
+            options.append({"options": list(action.option_strings), "dest": action.dest,
+                            "type": getattr(action.type, "__name__", None),
+                            "default": _plain_value(action.default),
+                            "value": _plain_value(getattr(namespace, action.dest, None))})
+        parsed.append({"prog": self.prog, "options": options})
+        ANSWER["argparse"] = parsed
+        return namespace, rest
+
+    argparse.ArgumentParser.parse_known_args = recording_parse  # type: ignore[method-assign]
+
+
+def _plain_value(value: Any) -> Any:
+    return value if isinstance(value, (bool, int, float, str)) or value is None else str(value)
+
+
+def _unwrapped(module: torch.nn.Module) -> torch.nn.Module:
+    """The model inside a DDP/DataParallel wrapper or a ``torch.compile``'d module."""
+    for attribute in ("_orig_mod", "module"):
+        inner = getattr(module, attribute, None)
+        if isinstance(inner, torch.nn.Module) and type(module).__name__ in (
+                "OptimizedModule", "DistributedDataParallel", "DataParallel"):
+            return _unwrapped(inner)
+    return module
+
+
+def _capture(optimizer: torch.optim.Optimizer) -> None:
+    held = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    calls = list(STATE.get("plain_calls", {}).values())
+    owners = []
+    for module, args, kwargs, out in calls:
+        mine = {id(p) for p in module.parameters()} & held
+        if mine:
+            owners.append((len(mine), module, args, kwargs, out))
+    if not owners:
+        note("no module whose parameters the optimizer holds was called before its first step: "
+             "launch cannot trace the script")
+        write_answer()
+        raise Stop
+    owners.sort(key=lambda o: -o[0])
+    if len(owners) > 1:
+        note(f"{len(owners)} modules hold the optimizer's parameters: the largest "
+             f"({type(owners[0][1]).__name__}) is traced")
+    count, model, args, kwargs, out = owners[0]
+    if count < len(held):
+        note("the optimizer holds parameters outside the traced model: their states are not "
+             "counted")
+    save_optimizer(optimizer)
+    batch = {"args": list(args), "kwargs": dict(kwargs), "extra": {}}
+    rows = _rows(batch)
+    step: dict[str, Any] = {"kind": "plain"}
+    step.update(_loss(out, rows, batch))
+    if _loop_binds_output(STATE["script"]):
+        step["held_output"] = [[list(t.shape), str(t.dtype).removeprefix("torch.")]
+                               for t in leaves(tensors_of(out))]
+    ANSWER["settings"] = {"batch_size": rows}
+    finish(_unwrapped(model), batch, step)
+    _learn_flags(rows)
+    write_answer()
+
+
+def _rows(batch: Any) -> int | None:
+    from launcher._framework_child.capture import leaves
+
+    sizes = [t.shape[0] for t in leaves(batch) if t.dim() > 0]
+    return max(set(sizes), key=sizes.count) if sizes else None
+
+
+def _loss(out: Any, rows: int | None, batch: dict[str, Any]) -> dict[str, Any]:
+    """How the loop's loss came from the model's output (``batch["extra"]`` receives the loop's
+    tensor the loss function took)."""
+    import torch.nn.functional as F
+
+    loss = STATE.get("plain_loss")
+    if not isinstance(loss, torch.Tensor):
+        note("the loop's loss was not seen (no backward before the first optimizer step): the "
+             "traced step takes the model's own loss, else the sum of its output")
+        return {"loss": "model"}
+    own_loss = output_loss(out)
+    if own_loss is not None and (own_loss is loss or same_values(own_loss, loss)):
+        return {"loss": "model"}
+    if isinstance(out, (list, tuple)):
+        for index, value in enumerate(out):
+            if isinstance(value, torch.Tensor) and (value is loss or (
+                    value.dim() == 0 and same_values(value, loss))):
+                return {"loss": "index", "index": index}
+    inputs = {id(t) for t in _tensors(batch)}
+    candidates = {name: value for name, value in (STATE.get("plain_frame") or {}).items()
+                  if isinstance(value, torch.Tensor) and id(value) not in inputs
+                  and not value.requires_grad and value.dim() > 0 and value.shape[0] == rows}
+    match = match_loss(out, candidates, loss, F)
+    if match is not None:
+        batch["extra"][match["target"]] = candidates[match["target"]]
+        return match
+    note("the loop's loss is not the model's own nor a cross-entropy, MSE, L1, NLL or BCE of its "
+         "output: the traced step sums the output (the loss's own activations are not counted)")
+    return {"loss": "sum"}
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    from launcher._framework_child.capture import leaves
+
+    return leaves(value)
+
+
+def _learn_flags(rows: int | None) -> None:
+    """The script's own flags for the plan's settings: the option whose parsed value is the
+    captured batch's rows (by name when several have that value), and, by name alone, its
+    accumulation, steps and epochs."""
+    options = [o for parser in STATE.get("plain_parsers", ()) for o in parser["options"]]
+    flags: dict[str, str] = {}
+    values: dict[str, Any] = {}
+
+    def flag(option: dict[str, Any]) -> str:
+        longs = [s for s in option["options"] if s.startswith("--")]
+        return (longs or option["options"])[0]
+
+    def norm(option: dict[str, Any]) -> str:
+        return option["dest"].replace("-", "_").lower()
+
+    if rows is not None:
+        same = [o for o in options if isinstance(o["value"], int)
+                and not isinstance(o["value"], bool) and o["value"] == rows]
+        named = [o for o in same if norm(o) in _BATCH_DESTS or "batch" in norm(o)]
+        ranked = sorted(named, key=lambda o: (_BATCH_DESTS.index(norm(o))
+                                              if norm(o) in _BATCH_DESTS else len(_BATCH_DESTS)))
+        chosen = None
+        if len(ranked) == 1 or (len(ranked) > 1 and norm(ranked[0]) in _BATCH_DESTS and (
+                norm(ranked[1]) not in _BATCH_DESTS)):
+            chosen = ranked[0]
+        elif len(ranked) > 1:
+            note(f"several options hold the batch's {rows} rows "
+                 f"({', '.join(flag(o) for o in ranked)}): none is taken as the batch flag")
+        elif len(same) == 1 and options:
+            chosen = same[0]
+        elif len(same) > 1:
+            note(f"several options hold the batch's {rows} rows "
+                 f"({', '.join(flag(o) for o in same)}): none is taken as the batch flag")
+        if chosen is not None:
+            flags["micro_batch_size"] = flag(chosen)
+            values["micro_batch_size"] = rows
+    for key, names in (("grad_accum_steps", _ACCUM_DESTS), ("steps", _STEPS_DESTS),
+                       ("epochs", _EPOCHS_DESTS)):
+        found = [o for o in options if norm(o) in names and isinstance(o["value"], int)
+                 and not isinstance(o["value"], bool)]
+        if len(found) == 1:
+            flags[key] = flag(found[0])
+            values[key] = found[0]["value"]
+    ANSWER["flags"] = flags
+    ANSWER["flag_values"] = values
+    accum = values.get("grad_accum_steps", 1) if "grad_accum_steps" in flags else 1
+    if rows is not None:
+        how = (f"{flags['micro_batch_size']} {rows}" if "micro_batch_size" in flags
+               else f"its batch of {rows} rows")
+        own("global_batch_size", rows * accum,
+            how + (f" x {flags['grad_accum_steps']} {accum}" if accum > 1 else ""))
+
+
+def _loop_binds_output(script: Any) -> bool:
+    """Whether a loop of the script that calls ``backward`` binds a call's results to names
+    (``output = model(data)``, nanoGPT's ``logits, loss = model(X, Y)``): Python keeps the last
+    step's output alive until the next forward returns and the names are bound again."""
+    import ast
+
+    try:
+        tree = ast.parse(script.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, UnicodeDecodeError):
+        return False
+
+    def names(target: ast.expr) -> bool:
+        return isinstance(target, ast.Name) or (
+            isinstance(target, ast.Tuple) and all(isinstance(e, ast.Name) for e in target.elts))
+
+    for loop in ast.walk(tree):
+        if not isinstance(loop, (ast.For, ast.While)):
+            continue
+        inner = [n for stmt in loop.body for n in ast.walk(stmt)]
+        if any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+               and n.func.attr == "backward" for n in inner) and any(
+                isinstance(n, ast.Assign) and isinstance(n.value, ast.Call)
+                and all(names(t) for t in n.targets) for n in inner):
+            return True
+    return False

@@ -1,0 +1,422 @@
+"""Plain PyTorch scripts planned as the user wrote them: no recipe hooks, no framework, no --params.
+
+``launch plan train.py [-- ARGS]`` runs such a script with its own arguments in the capture child
+(launcher/_framework_child/plain.py) up to its first ``optimizer.step()``, and traces the model,
+batch, loss and optimizer it had built by then (launcher/_framework_recipe.py). The script's
+argparse tells which of its options is the batch size (the one whose value is the batch's rows),
+and the plan reaches the script through that flag: ``--batch-size N`` in the job's arguments, and
+an out-of-memory failure is resubmitted with a smaller one.
+
+The scripts are written as their authors write them: pytorch/examples' mnist (argparse, a
+DataLoader, ``F.nll_loss``), nanoGPT's train.py (module-level settings, a ``device`` chosen by
+``torch.cuda.is_available()``, ``logits, loss = model(X, Y)``) and word_language_model's
+``--batch_size``. The plans run once for the module, in a small pool (each imports torch in a
+child and traces: seconds of CPU that overlap).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import runpy
+import sys
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from launcher.cli import main
+from launcher.context import Environment
+from launcher.frameworks import Detected, measure_step
+
+MNIST = '''
+import argparse
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import torch.optim as optim
+from torch.utils.data import DataLoader, TensorDataset
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super(Net, self).__init__()
+        self.conv1 = nn.Conv2d(1, 8, 3, 1)
+        self.conv2 = nn.Conv2d(8, 16, 3, 1)
+        self.dropout1 = nn.Dropout(0.25)
+        self.fc1 = nn.Linear(2304, 64)
+        self.fc2 = nn.Linear(64, 10)
+
+    def forward(self, x):
+        x = F.relu(self.conv1(x))
+        x = F.relu(self.conv2(x))
+        x = F.max_pool2d(x, 2)
+        x = self.dropout1(x)
+        x = torch.flatten(x, 1)
+        x = F.relu(self.fc1(x))
+        x = self.fc2(x)
+        output = F.log_softmax(x, dim=1)
+        return output
+
+
+def train(args, model, device, train_loader, optimizer, epoch):
+    model.train()
+    for batch_idx, (data, target) in enumerate(train_loader):
+        data, target = data.to(device), target.to(device)
+        optimizer.zero_grad()
+        output = model(data)
+        loss = F.nll_loss(output, target)
+        loss.backward()
+        optimizer.step()
+        if batch_idx % args.log_interval == 0:
+            print('Train Epoch: {} [{}/{}]\\tLoss: {:.6f}'.format(
+                epoch, batch_idx * len(data), len(train_loader.dataset), loss.item()))
+
+
+def main():
+    parser = argparse.ArgumentParser(description='PyTorch MNIST Example')
+    parser.add_argument('--batch-size', type=int, default=64, metavar='N',
+                        help='input batch size for training (default: 64)')
+    parser.add_argument('--test-batch-size', type=int, default=1000, metavar='N',
+                        help='input batch size for testing (default: 1000)')
+    parser.add_argument('--epochs', type=int, default=14, metavar='N',
+                        help='number of epochs to train (default: 14)')
+    parser.add_argument('--lr', type=float, default=1.0, metavar='LR',
+                        help='learning rate (default: 1.0)')
+    parser.add_argument('--no-cuda', action='store_true', default=False,
+                        help='disables CUDA training')
+    parser.add_argument('--seed', type=int, default=1, metavar='S')
+    parser.add_argument('--log-interval', type=int, default=10, metavar='N')
+    args = parser.parse_args()
+    use_cuda = not args.no_cuda and torch.cuda.is_available()
+    torch.manual_seed(args.seed)
+    device = torch.device("cuda" if use_cuda else "cpu")
+    images = torch.randn(640, 1, 28, 28)  # MNIST's shapes, without the download
+    labels = torch.randint(0, 10, (640,))
+    train_loader = DataLoader(TensorDataset(images, labels), batch_size=args.batch_size,
+                              shuffle=True)
+    model = Net().to(device)
+    optimizer = optim.Adadelta(model.parameters(), lr=args.lr)
+    for epoch in range(1, args.epochs + 1):
+        train(args, model, device, train_loader, optimizer, epoch)
+
+
+if __name__ == '__main__':
+    main()
+'''
+
+NANOGPT = '''
+import math
+import time
+
+import torch
+import torch.nn as nn
+from torch.nn import functional as F
+
+# -----------------------------------------------------------------------------
+# default config values
+batch_size = 12
+block_size = 64
+n_layer = 2
+n_head = 4
+n_embd = 64
+dropout = 0.0
+bias = False
+learning_rate = 6e-4
+max_iters = 50
+weight_decay = 1e-1
+beta1, beta2 = 0.9, 0.95
+device = 'cuda' if torch.cuda.is_available() else 'cpu'
+# -----------------------------------------------------------------------------
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c_attn = nn.Linear(n_embd, 3 * n_embd, bias=bias)
+        self.c_proj = nn.Linear(n_embd, n_embd, bias=bias)
+
+    def forward(self, x):
+        B, T, C = x.size()
+        q, k, v = self.c_attn(x).split(n_embd, dim=2)
+        k = k.view(B, T, n_head, C // n_head).transpose(1, 2)
+        q = q.view(B, T, n_head, C // n_head).transpose(1, 2)
+        v = v.view(B, T, n_head, C // n_head).transpose(1, 2)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)
+        return self.c_proj(y)
+
+
+class MLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c_fc = nn.Linear(n_embd, 4 * n_embd, bias=bias)
+        self.gelu = nn.GELU()
+        self.c_proj = nn.Linear(4 * n_embd, n_embd, bias=bias)
+
+    def forward(self, x):
+        return self.c_proj(self.gelu(self.c_fc(x)))
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(n_embd, bias=bias)
+        self.attn = CausalSelfAttention()
+        self.ln_2 = nn.LayerNorm(n_embd, bias=bias)
+        self.mlp = MLP()
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        x = x + self.mlp(self.ln_2(x))
+        return x
+
+
+class GPT(nn.Module):
+    def __init__(self, vocab_size):
+        super().__init__()
+        self.transformer = nn.ModuleDict(dict(
+            wte=nn.Embedding(vocab_size, n_embd),
+            wpe=nn.Embedding(block_size, n_embd),
+            h=nn.ModuleList([Block() for _ in range(n_layer)]),
+            ln_f=nn.LayerNorm(n_embd, bias=bias),
+        ))
+        self.lm_head = nn.Linear(n_embd, vocab_size, bias=False)
+        self.transformer.wte.weight = self.lm_head.weight
+
+    def forward(self, idx, targets=None):
+        b, t = idx.size()
+        pos = torch.arange(0, t, dtype=torch.long, device=idx.device)
+        x = self.transformer.wte(idx) + self.transformer.wpe(pos)
+        for block in self.transformer.h:
+            x = block(x)
+        x = self.transformer.ln_f(x)
+        if targets is not None:
+            logits = self.lm_head(x)
+            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1),
+                                   ignore_index=-1)
+        else:
+            logits = self.lm_head(x[:, [-1], :])
+            loss = None
+        return logits, loss
+
+
+train_data = torch.randint(0, 256, (20000,))  # the tokens of train.bin, made up
+
+
+def get_batch(split):
+    data = train_data
+    ix = torch.randint(len(data) - block_size, (batch_size,))
+    x = torch.stack([data[i:i + block_size] for i in ix])
+    y = torch.stack([data[i + 1:i + 1 + block_size] for i in ix])
+    if device == 'cuda':
+        x = x.pin_memory().to(device, non_blocking=True)
+        y = y.pin_memory().to(device, non_blocking=True)
+    else:
+        x, y = x.to(device), y.to(device)
+    return x, y
+
+
+model = GPT(vocab_size=256)
+model.to(device)
+optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, betas=(beta1, beta2),
+                              weight_decay=weight_decay)
+X, Y = get_batch('train')
+t0 = time.time()
+iter_num = 0
+while True:
+    logits, loss = model(X, Y)
+    X, Y = get_batch('train')
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    print(f"iter {iter_num}: loss {loss.item():.4f}, time {(time.time() - t0) * 1000:.2f}ms")
+    iter_num += 1
+    if iter_num > max_iters:
+        break
+'''
+
+#: word_language_model's --batch_size, with its activations made large: 128 MiB of address space
+#: a row (never touched, the capture stays cheap). The run plans on model states only
+#: (LAUNCH_NO_TRACE), as a plan that cannot see them would.
+WORD_LM = '''
+import argparse
+import torch
+
+parser = argparse.ArgumentParser(description="PyTorch Wikitext-2 RNN/LSTM Language Model")
+parser.add_argument("--lr", type=float, default=20)
+parser.add_argument("--epochs", type=int, default=1)
+parser.add_argument("--batch_size", type=int, default=16, metavar="N", help="batch size")
+parser.add_argument("--bptt", type=int, default=35)
+args = parser.parse_args()
+
+
+class RNNModel(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.decoder = torch.nn.Linear(16, 16)
+
+    def forward(self, input):
+        hidden = input.new_empty(input.shape[0], 32 * 1024 * 1024)  # the activations
+        return self.decoder(input) + hidden[:, :16].zero_()
+
+
+model = RNNModel()
+optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
+for epoch in range(args.epochs):
+    for i in range(2):
+        data = torch.ones(args.batch_size, 16)
+        output = model(data)
+        loss = output.sum()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    print("epoch", epoch, "batch_size", args.batch_size, float(loss))
+'''
+
+
+def _launch(args: list[str], cwd: Path, environ: dict[str, str] | None = None
+            ) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    env = Environment(stdout=out, stderr=err, cwd=cwd,
+                      environ={**os.environ, "LAUNCH_STATE_DIR": str(cwd / "state"),
+                               "LAUNCH_NO_TRACE": "0", **(environ or {})},
+                      python=sys.executable)
+    status = main(args, env)
+    return int(status), out.getvalue(), err.getvalue()
+
+
+class Runs:
+    def __init__(self, directory: Path) -> None:
+        self.dir = directory
+        self.pool = ThreadPoolExecutor(2)
+        self.futures: dict[str, Future] = {}
+        self.scripts: dict[str, Path] = {}
+
+    def plan(self, name: str, source: str, *args: str) -> None:
+        folder = self.dir / name
+        folder.mkdir()
+        script = folder / ("main.py" if name != "nanogpt" else "train.py")
+        script.write_text(source)
+        self.scripts[name] = script
+        self.futures[name] = self.pool.submit(
+            _launch, ["plan", str(script), "--json", *args], folder)
+
+    def json(self, name: str) -> dict[str, Any]:
+        status, out, err = self.futures[name].result()
+        assert status == 0, err
+        return json.loads(out)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runs]:
+    r = Runs(tmp_path_factory.mktemp("plain"))
+    r.plan("mnist", MNIST)
+    r.plan("nanogpt", NANOGPT)
+    r.plan("mnist_32", MNIST, "--micro-batch-size", "16", "--", "--batch-size", "32")
+    for name in ("mnist", "nanogpt"):  # the scripts' own first two steps, for real
+        r.futures[f"{name}_real"] = r.pool.submit(measure_step, r.scripts[name], Detected("plain"))
+    yield r
+    r.pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _parameters(module: Any) -> int:
+    return sum(p.numel() for p in {id(p): p for p in module.parameters()}.values())
+
+
+def test_an_argparse_loop_is_traced_without_params_and_its_batch_flag_learned(runs: Runs
+                                                                              ) -> None:
+    data = runs.json("mnist")
+    assert data["model"]["source"] == "traced"
+    net = runpy.run_path(str(runs.scripts["mnist"]), run_name="not_main")["Net"]()
+    assert data["model"]["parameters"] == _parameters(net)
+    chosen = data["chosen"]
+    assert chosen["fits"] is True and chosen["memory"]["peak_allocated"] > 0
+    assert chosen["global_batch_size"] == 64  # the script's own --batch-size default
+    assert "the script's own: --batch-size 64" in data["origins"]["global_batch_size"]
+    assert "micro-batch -> --batch-size (the script's own flag)" in data["notes"]
+    assert data["script_args"] == []  # the plan's micro-batch is the script's own: no flag
+    capture = next((runs.dir / "mnist" / "state" / "framework_recipes").glob("*/capture.json"))
+    answer = json.loads(capture.read_text())
+    assert answer["flags"] == {"micro_batch_size": "--batch-size", "epochs": "--epochs"}
+    assert answer["step"]["loss"] == "function" and answer["step"]["target"] == "target"
+    assert answer["optimizer"]["class"] == "torch.optim.adadelta.Adadelta"
+
+
+def test_the_plans_micro_batch_reaches_the_script_through_its_flag(runs: Runs) -> None:
+    data = runs.json("mnist_32")
+    chosen = data["chosen"]
+    assert chosen["global_batch_size"] == 32  # the script's own, as its arguments set it
+    assert chosen["micro_batch_size"] == 16
+    # replaced where the user gave it (argparse would take the last one anyway)
+    assert data["script_args"] == ["--batch-size", "16"]
+    assert any("has no accumulation flag" in n for n in data["notes"])
+
+
+def test_a_nanogpt_style_script_is_traced_from_its_module_level_settings(runs: Runs) -> None:
+    data = runs.json("nanogpt")
+    assert data["model"]["source"] == "traced"
+    chosen = data["chosen"]
+    assert chosen["fits"] is True and chosen["memory"]["peak_allocated"] > 0
+    assert chosen["global_batch_size"] == 12
+    # 2 layers of 12 x 64^2 weights and 2 x 64 norms, tied 256 x 64 embedding, 64 x 64 positions,
+    # the final norm
+    assert data["model"]["parameters"] == 2 * (12 * 64 * 64 + 2 * 64) + 256 * 64 + 64 * 64 + 64
+    assert chosen["optimizer"] == "adamw" and chosen["lr"] == 6e-4
+    # no argparse: nothing carries the micro-batch, and the plan says so
+    assert any("reads none of LAUNCH_MICRO_BATCH_SIZE" in n for n in data["notes"])
+    capture = next((runs.dir / "nanogpt" / "state" / "framework_recipes").glob("*/capture.json"))
+    answer = json.loads(capture.read_text())
+    assert answer["step"] == {"kind": "plain", "loss": "index", "index": 1,
+                              # `logits, loss = model(X, Y)` holds them into the next forward
+                              "held_output": [[[12, 64, 256], "float32"], [[], "float32"]]}
+
+
+@pytest.mark.parametrize("name", ["mnist", "nanogpt"])
+def test_the_traced_peak_is_near_the_scripts_own_steps(runs: Runs, name: str) -> None:
+    """The traced peak at the script's own batch against its own first two optimizer steps
+    (the CPU allocator's record, ``frameworks.measure_step``). At the time of writing: mnist
+    -3.7%, nanoGPT -6.7% (bench/bench_plain.py); what is left is the loop's own (the next batch
+    it fetched, its ``get_batch`` copies), which the traced step does not run."""
+    traced = runs.json(name)["chosen"]["memory"]["peak_allocated"]
+    real = runs.futures[f"{name}_real"].result()["peak_allocated"]
+    assert abs(traced - real) / real < 0.10, (traced, real)
+
+
+def test_with_flags_replaces_or_appends_the_learned_flag() -> None:
+    from types import SimpleNamespace
+
+    from launcher.script_info import with_flags
+
+    plan = SimpleNamespace(micro_batch_size=8, grad_accum_steps=2)
+    flags = {"micro_batch_size": "--batch_size", "epochs": "--epochs"}
+    own = {"micro_batch_size": 20, "epochs": 1}
+    assert with_flags(("--epochs", "3"), flags, own, plan) == ("--epochs", "3",
+                                                               "--batch_size", "8")
+    assert with_flags(("--batch_size", "20"), flags, own, plan) == ("--batch_size", "8")
+    assert with_flags(("--batch_size=20",), flags, own, plan) == ("--batch_size=8",)
+    assert with_flags((), flags, {"micro_batch_size": 8}, plan) == ()  # its own: untouched
+
+
+def test_an_oom_is_fixed_in_one_resubmission_through_the_scripts_batch_flag(tmp_path: Path
+                                                                              ) -> None:
+    """word_language_model reads --batch_size: planned without --params, the capture learns the
+    flag, and the out-of-memory failure at 16 rows (2 GiB of its own a step, under a 2.5 GiB
+    cap) is resubmitted once with --batch_size 8, which fits."""
+    script = tmp_path / "main.py"
+    script.write_text(WORD_LM)
+    status, out, err = _launch([str(script), "--json", "--memory-limit", "2560MiB",
+                                "--max-attempts", "3"], tmp_path,
+                               environ={"LAUNCH_NO_TRACE": "1"})
+    assert status == 0, (out, err)
+    data = json.loads(out)
+    assert len(data["attempts"]) == 2, [a.get("change") for a in data["attempts"]]
+    run = tmp_path / "state" / "runs" / data["run_id"]
+    first = json.loads((run / "attempt-1" / "request.json").read_text())
+    second = json.loads((run / "attempt-2" / "request.json").read_text())
+    assert "--batch_size" not in first["argv"]  # its own 16
+    assert second["argv"][-2:] == ["--batch_size", "8"]
