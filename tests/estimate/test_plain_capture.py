@@ -420,3 +420,44 @@ def test_an_oom_is_fixed_in_one_resubmission_through_the_scripts_batch_flag(tmp_
     second = json.loads((run / "attempt-2" / "request.json").read_text())
     assert "--batch_size" not in first["argv"]  # its own 16
     assert second["argv"][-2:] == ["--batch_size", "8"]
+
+
+def _learned(options: list[tuple[str, str, Any]], rows: int) -> tuple[dict[str, str], list[str]]:
+    """The flags ``_learn_flags`` takes from a parser with ``options`` (flag, dest, value)."""
+    from launcher._framework_child import answer, plain
+
+    saved_answer, saved_state = dict(answer.ANSWER), dict(answer.STATE)
+    try:
+        answer.ANSWER.clear()
+        answer.ANSWER.update(reached=False, notes=[])
+        answer.STATE.clear()
+        answer.STATE["plain_parsers"] = [{"prog": "main.py", "options": [
+            {"options": [flag], "dest": dest, "type": "int", "default": value, "value": value}
+            for flag, dest, value in options]}]
+        plain._learn_flags(rows)
+        return dict(answer.ANSWER["flags"]), list(answer.ANSWER["notes"])
+    finally:
+        answer.ANSWER.clear()
+        answer.ANSWER.update(saved_answer)
+        answer.STATE.clear()
+        answer.STATE.update(saved_state)
+
+
+def test_the_batch_flag_is_the_option_holding_the_batchs_rows_by_name_first() -> None:
+    # the batch size by name among options of the same value (a hidden size of 32 too)
+    flags, _ = _learned([("--hidden", "hidden", 32), ("--batch-size", "batch_size", 32),
+                         ("--eval-batch-size", "eval_batch_size", 32),
+                         ("--gradient_accumulation_steps", "gradient_accumulation_steps", 4),
+                         ("--max_iters", "max_iters", 5000)], 32)
+    assert flags == {"micro_batch_size": "--batch-size",
+                     "grad_accum_steps": "--gradient_accumulation_steps", "steps": "--max_iters"}
+    # the only option of that value, whatever its name (word_language_model's -b would be one)
+    assert _learned([("--nb", "nb", 20), ("--lr", "lr", 5)], 20)[0] == {
+        "micro_batch_size": "--nb"}
+    # two batch sizes of that value: none is taken, and the plan says so
+    flags, notes = _learned([("--bs", "bs", 16), ("--batch_size", "batch_size", 16)], 16)
+    assert "micro_batch_size" not in flags
+    assert any("several options hold the batch's 16 rows" in n for n in notes)
+    # two options of that value, neither named as a batch: none
+    flags, notes = _learned([("--a", "a", 8), ("--b", "b", 8)], 8)
+    assert flags == {} and notes
