@@ -29,7 +29,8 @@ reaches the rules only if some rule could read it. An alternative of a pattern t
 its rule's needles would never fire: the tests check every rule's needles against examples of
 each alternative.
 
-Over 600 lines on purpose: the rule table is one unit, read top to bottom in the order the rules are tried, and splitting it would separate a rule from the ones it must outrank.
+Over 600 lines on purpose: the rule table is one unit, read top to bottom in the order the rules
+are tried, and splitting it would separate a rule from the ones it must outrank.
 """
 
 from __future__ import annotations

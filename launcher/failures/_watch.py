@@ -12,7 +12,8 @@ irrelevant, and so on (:meth:`LogWatcher.needed`). The other lines are kept as t
 cleaned only when a finding asks for the traceback before it. A log full of failure words, every
 line an exception, therefore costs a few classified lines and then a needle search.
 
-Over 600 lines on purpose: the watcher's state machine (the window, the findings, the weighing of weak evidence at the end) is one unit whose parts read each other's fields.
+Over 600 lines on purpose: the watcher's state machine (the window, the findings, the weighing of
+weak evidence at the end) is one unit whose parts read each other's fields.
 """
 
 from __future__ import annotations
