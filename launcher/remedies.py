@@ -106,8 +106,20 @@ def divisors(n: int) -> list[int]:
 
 # -- the replanner ---------------------------------------------------------------------------------
 
+#: An evaluation loop's phase: "evaluation" as read off a traceback (``failures/_phases.py``),
+#: "eval" as a script's own ``oom`` event may name it.
+EVALUATION_PHASES = ("evaluation", "eval")
 #: Phases whose out-of-memory is the activations' when the failure names no cause.
-ACTIVATION_PHASES = ("forward", "backward", "data", "eval")
+ACTIVATION_PHASES = ("forward", "backward", "data", *EVALUATION_PHASES)
+#: What to do after an out-of-memory in an evaluation loop: it runs at its own batch size, which
+#: the training micro-batch does not change, and keeps no activations for a backward pass, so
+#: neither a smaller micro-batch nor checkpointing helps.
+EVALUATION_ADVICE = (
+    "lower the evaluation batch size, not the training micro-batch (the evaluation loop runs at "
+    "its own batch size and keeps no gradients): HF Trainer's per_device_eval_batch_size, "
+    "Lightning's validation/test DataLoader batch_size, or the script's own eval batch; where "
+    "Trainer holds all the predictions on the GPU, set eval_accumulation_steps so they move to "
+    "the CPU every few steps")
 
 
 @dataclass(frozen=True)
@@ -143,9 +155,18 @@ class Failure:
         """Whether less memory per step is the lever: the activations overflowed, or a phase
         where they do when no cause is known, or a fragmented allocator (what is left once
         expandable segments are on)."""
+        if self.evaluation:
+            return False
         cause = "activations" if self.cause == "fragmentation" else self.cause
         return cause == "activations" or (cause in (None, "unknown")
                                           and self.phase in ACTIVATION_PHASES)
+
+    @property
+    def evaluation(self) -> bool:
+        """Whether an evaluation loop ran out of its own memory: its batch is not the training
+        micro-batch, and it keeps no activations for a backward pass to recompute."""
+        return self.phase in EVALUATION_PHASES and self.cause in (None, "unknown", "activations",
+                                                                    "fragmentation")
 
 
 #: (plan, batch shapes or None for the recipe's own example batch, micro-batch sizes) -> the
@@ -319,9 +340,22 @@ class Unreachable(str):
     the sentence the run ends with)."""
 
 
+class NoPlanChange(str):
+    """Why no change of the plan is made: what failed is not set by the plan (an evaluation
+    loop's own batch), and the sentence the run ends with says what to change instead."""
+
+
+def evaluation_answer(failure: Failure) -> NoPlanChange:
+    """The answer to an out-of-memory in an evaluation loop: no change of the plan, with the
+    advice."""
+    return NoPlanChange(
+        f"in the evaluation loop ({failure.phase}), whose batch is its own: a smaller training "
+        f"micro-batch would not change it, so the job is not resubmitted; {EVALUATION_ADVICE}")
+
+
 def replan(plan: Plan, failure: Failure | Mapping[str, Any], *, can_checkpoint: bool = True,
            measure: Measure | None = None, reads: Collection[str] | None = None
-           ) -> Fix | Unreachable | None:
+           ) -> Fix | Unreachable | NoPlanChange | None:
     """(fixed plan, what changed and why), or None when no change of this kind can help.
 
     ``failure``: a ``Failure``, or the supervisor's record of one (``Failure.of``). ``measure``
@@ -329,7 +363,10 @@ def replan(plan: Plan, failure: Failure | Mapping[str, Any], *, can_checkpoint: 
     those shapes (data that grew mid-run) instead of halving and trying again. ``reads``: the
     ``LAUNCH_*`` variables a plain script reads (``None``: the plan reaches the script whole,
     as it reaches a recipe or a framework script); a change none of them carries is not made,
-    and the answer says so (:class:`Unreachable`) instead of resubmitting the same job."""
+    and the answer says so (:class:`Unreachable`) instead of resubmitting the same job. An
+    out-of-memory in an evaluation loop gets no change either (:class:`NoPlanChange`, with what
+    to lower instead), once an allocator setting is not the answer: its batch is not the plan's
+    micro-batch."""
     failure = _failure(failure)
     blocked: list[str] = []
     for remedy in REMEDIES:
@@ -344,6 +381,8 @@ def replan(plan: Plan, failure: Failure | Mapping[str, Any], *, can_checkpoint: 
             blocked.append(f"{remedy.label} ({' or '.join(carriers)})")
             continue
         return fixed
+    if failure.evaluation:
+        return evaluation_answer(failure)
     if blocked:
         return Unreachable(
             f"{' and '.join(blocked)} would help, but the script reads none of those variables "

@@ -851,3 +851,125 @@ def test_launch_explain_reads_a_localized_kill_as_probable_host_oom(cli) -> None
     assert "advice: probably host RAM ran out" in text
     managed = cli("explain", path, "--platform", "vertex", "--json").json()
     assert managed["failure"] == "host_oom" and "probabl" not in managed["advice"]
+
+
+# -- issue 28 item 7: an evaluation loop's out-of-memory is its own phase -------------------------
+
+_SITE = "/opt/conda/lib/python3.10/site-packages"
+# transformers 4.4x: evaluation inside train() (eval_strategy="steps"), the model's forward
+# reached from prediction_step.
+HF_TRAINER_EVAL_OOM = [
+    "Traceback (most recent call last):",
+    '  File "/job/finetune.py", line 61, in <module>',
+    "    trainer.train()",
+    f'  File "{_SITE}/transformers/trainer.py", line 1885, in train',
+    "    return inner_training_loop(",
+    f'  File "{_SITE}/transformers/trainer.py", line 2291, in _inner_training_loop',
+    "    self._maybe_log_save_evaluate(tr_loss, grad_norm, model, trial, epoch, "
+    "ignore_keys_for_eval)",
+    f'  File "{_SITE}/transformers/trainer.py", line 2721, in _maybe_log_save_evaluate',
+    "    metrics = self.evaluate(ignore_keys=ignore_keys_for_eval)",
+    f'  File "{_SITE}/transformers/trainer.py", line 3572, in evaluate',
+    "    output = eval_loop(",
+    f'  File "{_SITE}/transformers/trainer.py", line 3757, in evaluation_loop',
+    "    losses, logits, labels = self.prediction_step(model, inputs, prediction_loss_only, "
+    "ignore_keys=ignore_keys)",
+    f'  File "{_SITE}/transformers/trainer.py", line 3971, in prediction_step',
+    "    loss, outputs = self.compute_loss(model, inputs, return_outputs=True)",
+    f'  File "{_SITE}/transformers/trainer.py", line 3264, in compute_loss',
+    "    outputs = model(**inputs)",
+    f'  File "{_SITE}/torch/nn/modules/module.py", line 1532, in _wrapped_call_impl',
+    "    return self._call_impl(*args, **kwargs)",
+    f'  File "{_SITE}/torch/nn/modules/module.py", line 1541, in _call_impl',
+    "    return forward_call(*args, **kwargs)",
+    f'  File "{_SITE}/transformers/models/gpt2/modeling_gpt2.py", line 1305, in forward',
+    "    lm_logits = self.lm_head(hidden_states)",
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 6.14 GiB. GPU 0 has a total "
+    "capacity of 23.65 GiB of which 3.02 GiB is free. Including non-PyTorch memory, this process "
+    "has 20.62 GiB memory in use. Of the allocated memory 19.80 GiB is allocated by PyTorch, and "
+    "381.20 MiB is reserved by PyTorch but unallocated.",
+]
+# Lightning 2.x: validation at the end of a training epoch; the module's validation_step.
+LIGHTNING_VALIDATION_OOM = [
+    "Traceback (most recent call last):",
+    '  File "/job/train_lit.py", line 88, in <module>',
+    "    trainer.fit(model, train_loader, val_loader)",
+    f'  File "{_SITE}/lightning/pytorch/trainer/trainer.py", line 543, in fit',
+    "    call._call_and_handle_interrupt(",
+    f'  File "{_SITE}/lightning/pytorch/trainer/call.py", line 44, in _call_and_handle_interrupt',
+    "    return trainer_fn(*args, **kwargs)",
+    f'  File "{_SITE}/lightning/pytorch/trainer/trainer.py", line 579, in _fit_impl',
+    "    self._run(model, ckpt_path=ckpt_path)",
+    f'  File "{_SITE}/lightning/pytorch/trainer/trainer.py", line 986, in _run',
+    "    results = self._run_stage()",
+    f'  File "{_SITE}/lightning/pytorch/trainer/trainer.py", line 1032, in _run_stage',
+    "    self.fit_loop.run()",
+    f'  File "{_SITE}/lightning/pytorch/loops/fit_loop.py", line 205, in run',
+    "    self.advance()",
+    f'  File "{_SITE}/lightning/pytorch/loops/fit_loop.py", line 363, in advance',
+    "    self.epoch_loop.run(self._data_fetcher)",
+    f'  File "{_SITE}/lightning/pytorch/loops/training_epoch_loop.py", line 141, in run',
+    "    self.on_advance_end(data_fetcher)",
+    f'  File "{_SITE}/lightning/pytorch/loops/training_epoch_loop.py", line 295, in '
+    "on_advance_end",
+    "    self.val_loop.run()",
+    f'  File "{_SITE}/lightning/pytorch/loops/utilities.py", line 182, in _decorator',
+    "    return loop_run(self, *args, **kwargs)",
+    f'  File "{_SITE}/lightning/pytorch/loops/evaluation_loop.py", line 135, in run',
+    "    self._evaluation_step(batch, batch_idx, dataloader_idx, dataloader_iter)",
+    f'  File "{_SITE}/lightning/pytorch/loops/evaluation_loop.py", line 396, in _evaluation_step',
+    "    output = call._call_strategy_hook(trainer, hook_name, *step_args)",
+    f'  File "{_SITE}/lightning/pytorch/trainer/call.py", line 311, in _call_strategy_hook',
+    "    output = fn(*args, **kwargs)",
+    f'  File "{_SITE}/lightning/pytorch/strategies/strategy.py", line 411, in validation_step',
+    "    return self.lightning_module.validation_step(*args, **kwargs)",
+    '  File "/job/train_lit.py", line 41, in validation_step',
+    "    logits = self(x)",
+    f'  File "{_SITE}/torch/nn/modules/module.py", line 1532, in _wrapped_call_impl',
+    "    return self._call_impl(*args, **kwargs)",
+    f'  File "{_SITE}/torch/nn/modules/module.py", line 1541, in _call_impl',
+    "    return forward_call(*args, **kwargs)",
+    '  File "/job/train_lit.py", line 30, in forward',
+    "    return self.head(self.body(x))",
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 4.00 GiB. GPU 0 has a total "
+    "capacity of 23.65 GiB of which 2.10 GiB is free.",
+]
+# A plain script's own evaluation under torch.no_grad (the decorator's frame in between).
+PLAIN_NO_GRAD_EVAL_OOM = [
+    "Traceback (most recent call last):",
+    '  File "/job/train.py", line 70, in <module>',
+    "    val_loss = eval_epoch(model, val_loader)",
+    f'  File "{_SITE}/torch/utils/_contextlib.py", line 115, in decorate_context',
+    "    return func(*args, **kwargs)",
+    '  File "/job/train.py", line 52, in eval_epoch',
+    "    out = model(x.to(device))",
+    f'  File "{_SITE}/torch/nn/modules/module.py", line 1541, in _call_impl',
+    "    return forward_call(*args, **kwargs)",
+    '  File "/job/train.py", line 20, in forward',
+    "    return self.net(x)",
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total "
+    "capacity of 23.65 GiB of which 1.10 GiB is free.",
+]
+
+
+@pytest.mark.parametrize("lines", [HF_TRAINER_EVAL_OOM, LIGHTNING_VALIDATION_OOM,
+                                   PLAIN_NO_GRAD_EVAL_OOM], ids=["trainer", "lightning", "plain"])
+def test_an_oom_in_an_evaluation_loop_is_read_as_evaluation(lines: list[str]) -> None:
+    """The forward that ran out was the evaluation loop's, at its own batch size: the phase is
+    evaluation (not forward), and the advice is the evaluation batch, not the micro-batch."""
+    d = explain_lines(lines)
+    assert (d.failure, d.phase, d.cause) == ("gpu_oom", "evaluation", "activations"), d
+    assert "evaluation batch" in d.advice and "per_device_eval_batch_size" in d.advice
+    assert "halve the micro-batch" not in d.advice
+
+
+def test_a_training_step_s_oom_is_not_read_as_evaluation() -> None:
+    """The Trainer's training step passes through _inner_training_loop, whose arguments name
+    ignore_keys_for_eval: still the forward."""
+    lines = HF_TRAINER_EVAL_OOM[:5] + [
+        f'  File "{_SITE}/transformers/trainer.py", line 2216, in _inner_training_loop',
+        "    tr_loss_step = self.training_step(model, inputs)",
+        f'  File "{_SITE}/transformers/trainer.py", line 3238, in training_step',
+        "    loss = self.compute_loss(model, inputs)",
+    ] + HF_TRAINER_EVAL_OOM[-10:]
+    assert explain_lines(lines).phase == "forward"

@@ -148,3 +148,26 @@ def test_the_planner_and_the_advice_follow_the_remedies_order():
     assert text.index(EXPANDABLE_SEGMENTS.advice) < text.index(SMALLER_MICRO_BATCH.advice)
     text = advice("gpu_oom", "activations", "forward", "", "")
     assert text.index(SMALLER_MICRO_BATCH.advice) < text.index(CHECKPOINTING.advice)
+
+
+def test_an_evaluation_oom_gets_no_micro_batch_change_but_the_evaluation_advice():
+    """The evaluation loop runs at its own batch (eval_batch_size=32): halving the training
+    micro-batch leaves it as it was, so the replanner changes nothing and says what to lower."""
+    from launcher.remedies import NoPlanChange
+
+    for failure in ({"phase": "evaluation", "cause": "activations"}, {"phase": "evaluation"},
+                    {"phase": "eval", "cause": "activations"},
+                    {"phase": "evaluation", "cause": "fragmentation",
+                     "requested_bytes": 2**30}):
+        plan = _plan(micro=8)
+        if failure.get("cause") == "fragmentation":
+            plan = plan.replace(expandable_segments=True)
+        answer = replan(plan, failure)
+        assert isinstance(answer, NoPlanChange), (failure, answer)
+        assert "evaluation batch" in answer and "per_device_eval_batch_size" in answer
+        assert "eval_accumulation_steps" in answer and "Lightning" in answer
+    # Nor checkpointing at micro-batch 1: evaluation keeps nothing for a backward pass.
+    assert isinstance(replan(_plan(micro=1), {"phase": "evaluation"}), NoPlanChange)
+    # A fragmented allocator is still the allocator's: the same plan with expandable segments.
+    fixed, _ = replan(_plan(micro=8), {"phase": "evaluation", "cause": "fragmentation"})
+    assert fixed.expandable_segments and fixed.micro_batch_size == 8

@@ -671,3 +671,50 @@ def test_a_failure_repeated_exactly_stops_the_run(cli, tmp_path):
     for number in (1, 2):
         request = json.loads((run / f"attempt-{number}" / "request.json").read_text())
         assert request["argv"][-3:] == ["--batch_size", "20", "--epochs=1"]
+
+
+# -- issue 28 item 7: an evaluation loop's OOM is not "fixed" by the training micro-batch ---------
+
+# Training steps at the planned micro-batch are small; the evaluation loop, under torch.no_grad,
+# runs at its own eval_batch_size=32: 32 x 64 Mi floats (8 GiB), over a 2.5 GiB cap whatever the
+# training micro-batch.
+EVAL_OOM_SCRIPT = """
+import os
+import torch
+
+micro = int(os.environ.get("LAUNCH_MICRO_BATCH_SIZE", "4"))
+eval_batch_size = 32
+model = torch.nn.Linear(16, 16)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+
+def evaluate(model):
+    model.eval()
+    with torch.no_grad():
+        hidden = torch.ones(eval_batch_size, 64 * 1024 * 1024)
+        return float(model(hidden[:, :16]).sum())
+
+
+for step in range(2):
+    loss = model(torch.ones(micro, 16)).sum()
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+print("eval loss", evaluate(model))
+"""
+
+
+def test_an_evaluation_oom_stops_after_one_attempt_with_the_evaluation_advice(cli, tmp_path):
+    """The replanner used to halve the training micro-batch, which left the evaluation batch
+    as it was: a second paid attempt failing the same way. Now one attempt, exit 5, and the
+    message says to lower the evaluation batch."""
+    script = tmp_path / "main.py"
+    script.write_text(EVAL_OOM_SCRIPT)
+    result = cli(str(script), "--params", "1M", "--json", "--memory-limit", "2560MiB",
+                 "--global-batch-size", "8", "--max-attempts", "3")
+    assert result.status == ExitStatus.OUT_OF_MEMORY, result.stderr
+    data = result.json()
+    assert len(data["attempts"]) == 1, [a["change"] for a in data["attempts"]]
+    assert data["attempts"][0]["diagnosis"]["phase"] == "evaluation"
+    assert "evaluation batch" in data["message"], data["message"]
+    assert "per_device_eval_batch_size" in data["message"]

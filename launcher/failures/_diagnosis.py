@@ -14,9 +14,10 @@ Cause = Literal["activations", "model_states", "fragmentation", "other_process",
                 "unknown"]
 
 # Phases, as the launcher's templates name them ("setup", "resume", "data", "forward", "backward",
-# "optimizer", "checkpoint", "eval") plus "init" for model construction read off a traceback.
+# "optimizer", "checkpoint", "eval") plus "init" for model construction and "evaluation" for an
+# evaluation loop, read off a traceback.
 MODEL_STATE_PHASES = frozenset({"optimizer", "init", "setup", "resume", "checkpoint"})
-ACTIVATION_PHASES = frozenset(remedies.ACTIVATION_PHASES)  # forward, backward, data, eval
+ACTIVATION_PHASES = frozenset(remedies.ACTIVATION_PHASES)  # forward, backward, data, evaluation
 
 # Memory outside this process's allocator that a healthy process explains by itself: the CUDA
 # context, cuBLAS/cuDNN workspaces and NCCL buffers take from a few hundred MiB to about 2 GiB.
@@ -149,7 +150,8 @@ _PHASE_REASON = {
     "checkpoint": "it ran out saving a checkpoint",
     "forward": "it ran out in the forward pass, whose activations grow with the micro-batch",
     "backward": "it ran out in the backward pass, whose activations grow with the micro-batch",
-    "eval": "it ran out during evaluation",
+    "evaluation": "it ran out in the evaluation loop, at the evaluation batch size",
+    "eval": "it ran out in the evaluation loop, at the evaluation batch size",
     "data": "it ran out moving a batch to the device",
 }
 
@@ -249,6 +251,9 @@ def advice(failure: str, cause: str | None, phase: str | None, signature: str, r
             return ("shared memory (/dev/shm) ran out, filled by DataLoader workers passing "
                     "batches: give the container more (docker --shm-size, a larger /dev/shm "
                     "volume) or lower num_workers; GPU memory was not the limit")
+        if cause == "activations" and phase in remedies.EVALUATION_PHASES:
+            return (f"{remedies.EVALUATION_ADVICE}: the CPU ran out of RAM in the evaluation "
+                    "loop")
         if cause == "activations":
             return (f"{remedies.SMALLER_MICRO_BATCH.advice} (global batch unchanged): the CPU "
                     "ran out of RAM for this step's activations")
@@ -284,9 +289,8 @@ def advice(failure: str, cause: str | None, phase: str | None, signature: str, r
                 "hybrid sharding across nodes (or offload optimizer state to the CPU); a smaller "
                 "micro-batch or more gradient accumulation will not help")
     if cause == "activations":
-        if phase == "eval":
-            return ("halve the evaluation batch size: evaluation keeps no gradients, so the "
-                    f"training plan can stay as it is{because}")
+        if phase in remedies.EVALUATION_PHASES:
+            return f"{remedies.EVALUATION_ADVICE}{because}; the training plan can stay as it is"
         if micro_batch_size == 1:
             return (f"{remedies.CHECKPOINTING.advice}: the micro-batch is already 1{because}; "
                     f"if that is not enough, {remedies.SHARDING.advice}")

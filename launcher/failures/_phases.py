@@ -35,10 +35,14 @@ PHASES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("backward", re.compile(
         r"\.backward\(|\bin backward\b|torch/autograd/|_engine_run_backward|run_backward|"
         r"\bin _backward|engine\.backward|manual_backward")),
-    ("eval", re.compile(
-        r"\bevaluat\w*\(|\bin evaluat\w*|\bin eval\w*\b|\bin validat\w*|validation_step|"
-        r"\beval_step|prediction_step|\bin predict\w*|\bvalidate\(|evaluation_loop|"
-        r"\bin test_step")),
+    # An evaluation loop, which runs at its own batch size and keeps no gradients: HF Trainer's
+    # evaluate / evaluation_loop / prediction_step (and _evaluate, _maybe_log_save_evaluate
+    # around them), Lightning's loops/evaluation_loop.py (_evaluation_step) and the module's
+    # validation_step / test_step / predict_step, a script's own eval* / evaluate* / validate*.
+    ("evaluation", re.compile(
+        r"\bevaluat\w*\(|\bin _?evaluat\w*|\bin _\w*_evaluat\w*|\bin eval\w*\b|"
+        r"\bin _?validat\w*|validation_step|\beval_step|prediction_step|\bin predict\w*|"
+        r"\bvalidate\(|evaluation_loop|\bin test_step|\bin _run_evaluation")),
     ("forward", re.compile(
         r"\bin forward\b|\bin _forward|\bin _call_impl|\bin _wrapped_call_impl|\bforward\(|"
         r"training_step\(|\bin training_step|\bmodel\(|outputs?\s*=\s*(?:self\.)?model\w*\(")),
@@ -58,14 +62,14 @@ _PHASE_NEEDLES: dict[str, tuple[str, ...]] = {
     "checkpoint": ("torch.save(", "save_checkpoint", "/serialization.py", "save_state_dict",
                    "full_state_dict", "consolidate_state_dict"),
     "backward": ("backward", "torch/autograd/"),
-    "eval": ("evaluat", "eval", "validat", "predict", "test_step"),
+    "evaluation": ("evaluat", "eval", "validat", "predict", "test_step"),
     "forward": ("forward", "_call_impl", "training_step", "model"),
     "data": ("DataLoader", "dataloader", "_next_data", "collate", "__getitem__", "_worker_loop",
              "pin_memory", ".to(device)"),
 }
 _PHASES_GATED = tuple((name, _PHASE_NEEDLES[name], pattern) for name, pattern in PHASES)
 TEMPLATE_PHASES = {"setup", "resume", "data", "forward", "backward", "optimizer", "checkpoint",
-                    "eval", "init"}
+                    "evaluation", "eval", "init"}
 
 
 def phase_of(texts: list[str]) -> str | None:
