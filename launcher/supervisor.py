@@ -105,6 +105,29 @@ def _max(a: int | None, b: Any) -> int | None:
     return int(b) if a is None else max(a, int(b))
 
 
+#: The longest a quoted line gets in the one-line failure message.
+_QUOTE_CHARS = 200
+
+
+def _one_line(text: object) -> str:
+    """The first non-blank line of ``text``, at most :data:`_QUOTE_CHARS` characters."""
+    line = next((part.strip() for part in str(text or "").splitlines() if part.strip()), "")
+    return line if len(line) <= _QUOTE_CHARS else line[:_QUOTE_CHARS - 3] + "..."
+
+
+def _failure_line(attempt: Attempt) -> str:
+    """Why an attempt failed, in one line: the provider's message ("torchrun: rank 1 failed with
+    exit code 1") and the first failure the log shows ("(first failure: ValueError: ...)"). The
+    job's own output (a worker's traceback, torchrun's ChildFailedError table) stays in its log,
+    as printed; it is never repeated here."""
+    line = _one_line(attempt.summary.get("message")) or "the job failed"
+    diagnosis = attempt.diagnosis or {}
+    excerpt = _one_line(diagnosis.get("excerpt"))
+    if diagnosis.get("failure") not in (None, "none") and excerpt and excerpt not in line:
+        line += f" (first failure: {excerpt})"
+    return line
+
+
 def _lost_capacity(attempt: Attempt, provider: Provider) -> bool:
     """Preempted, or never given its machines (in the words of the provider's platform:
     ``Provider.lost_capacity``): worth the same plan again (resumed)."""
@@ -188,7 +211,7 @@ class Supervisor:
                     self.on_note(change)
                     continue
                 return RunOutcome(self.run, ExitStatus.JOB_FAILED, attempts,
-                                  f"attempt {number} failed: {attempt.summary.get('message')}")
+                                  f"attempt {number} failed: {_failure_line(attempt)}")
             repeat = _same_failure(attempts)
             if repeat:
                 return RunOutcome(self.run, ExitStatus.OUT_OF_MEMORY, attempts, repeat)

@@ -718,3 +718,33 @@ def test_an_evaluation_oom_stops_after_one_attempt_with_the_evaluation_advice(cl
     assert data["attempts"][0]["diagnosis"]["phase"] == "evaluation"
     assert "evaluation batch" in data["message"], data["message"]
     assert "per_device_eval_batch_size" in data["message"]
+
+
+# -- issue 28 item 7: torchrun's ChildFailedError stays the job's output ---------------------------
+
+RANK_1_RAISES = """
+import os
+if os.environ.get("RANK") == "1":
+    raise ValueError("boom on rank 1")
+"""
+
+
+def test_a_failed_rank_is_one_line_of_launch_s_own_and_torchrun_s_table_stays_in_the_log(
+        cli, tmp_path):
+    """torchrun prints a ChildFailedError traceback and a "Root Cause (first observed failure)"
+    table when a worker fails: that is the job's output (torchrun's stderr, in the log, echoed
+    while following). launch's own account of the failure is one line naming the rank, its
+    exit code and the first failure, and never repeats the table."""
+    script = tmp_path / "main.py"
+    script.write_text(RANK_1_RAISES)
+    result = cli(str(script), "--params", "1M", "--gpus-per-node", "2", "--json")
+    assert result.status == ExitStatus.JOB_FAILED, result.stderr
+    data = result.json()
+    message = data["message"]
+    assert "\n" not in message and "ChildFailedError" not in message, message
+    assert message == ("attempt 1 failed: torchrun: rank 1 failed with exit code 1 (first "
+                       "failure: ValueError: boom on rank 1)"), message
+    assert "\n" not in data["attempts"][0]["summary"]["message"]
+    log = (tmp_path / "state" / "runs" / data["run_id"] / "attempt-1" / "output.log").read_text()
+    assert "ChildFailedError" in log and "Root Cause (first observed failure)" in log
+    assert "ChildFailedError" not in result.stderr

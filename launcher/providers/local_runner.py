@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import resource
 import signal
 import subprocess
@@ -102,12 +103,47 @@ def main(job_dir: Path) -> int:
         state = JobState.FAILED
         message = f"torchrun was killed by {signal.Signals(-returncode).name}"
     else:
-        state, message = JobState.FAILED, f"torchrun exited with status {returncode}"
+        state = JobState.FAILED
+        message = (_root_cause(request["log_file"])
+                   or f"torchrun exited with status {returncode}")
     if left:
         message += f"; processes {left} could not be stopped"
     _record(folder, {"state": state, "returncode": returncode, "message": message,
                      "ended_at": time.time()})
     return 0
+
+
+# torchrun's ChildFailedError summary, as it prints it into the job's log (its own stderr): the
+# "Root Cause (first observed failure):" entry's rank and exit code (and the signal, when a
+# signal ended that rank: "exitcode  : -9 (pid: 1234)" then "Signal 9 (SIGKILL) received").
+_ROOT_CAUSE = "Root Cause (first observed failure):"
+_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)", re.M)
+_EXITCODE = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)", re.M)
+_SIGNAL = re.compile(r"\((SIG[A-Z]+)\)")
+#: How much of the log's end is read for torchrun's summary (it is the last thing it prints).
+_TAIL_BYTES = 64 * 1024
+
+
+def _root_cause(log_file: str) -> str | None:
+    """One line from torchrun's ChildFailedError summary at the end of the log: "torchrun: rank
+    1 failed with exit code 1". The summary itself (a traceback and a table) stays in the log, the
+    job's output as it was printed; None when the log has no such summary."""
+    try:
+        with open(log_file, "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - _TAIL_BYTES))
+            tail = f.read().decode("utf-8", "replace")
+    except OSError:
+        return None
+    at = tail.rfind(_ROOT_CAUSE)
+    if at < 0:
+        return None
+    entry = tail[at + len(_ROOT_CAUSE):].split("=" * 20, 1)[0]
+    rank, code = _RANK.search(entry), _EXITCODE.search(entry)
+    if rank is None or code is None:
+        return None
+    signal_name = _SIGNAL.search(entry)
+    how = f" ({signal_name.group(1)})" if signal_name and code.group(1).startswith("-") else ""
+    return f"torchrun: rank {rank.group(1)} failed with exit code {code.group(1)}{how}"
 
 
 def runner_record(pid: int) -> dict[str, Any]:
