@@ -973,3 +973,16 @@ def test_a_training_step_s_oom_is_not_read_as_evaluation() -> None:
         "    loss = self.compute_loss(model, inputs)",
     ] + HF_TRAINER_EVAL_OOM[-10:]
     assert explain_lines(lines).phase == "forward"
+
+
+def test_a_fragmented_evaluation_oom_falls_back_to_the_evaluation_batch() -> None:
+    """Expandable segments first (the allocator's), then the evaluation batch, never the
+    training micro-batch."""
+    lines = PLAIN_NO_GRAD_EVAL_OOM[:-1] + [
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a "
+        "total capacity of 23.65 GiB of which 1.10 GiB is free. Of the allocated memory 12.00 GiB "
+        "is allocated by PyTorch, and 8.00 GiB is reserved by PyTorch but unallocated."]
+    d = explain_lines(lines)
+    assert (d.phase, d.cause) == ("evaluation", "fragmentation"), d
+    assert "expandable_segments" in d.advice and "evaluation batch" in d.advice
+    assert "halve the micro-batch" not in d.advice

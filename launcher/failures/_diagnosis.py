@@ -281,8 +281,9 @@ def advice(failure: str, cause: str | None, phase: str | None, signature: str, r
                 f"{because}; stop it, or make every rank call torch.cuda.set_device(local_rank) "
                 "before its first CUDA call so ranks do not share GPU 0")
     if cause == "fragmentation":
-        return (f"{remedies.EXPANDABLE_SEGMENTS.advice}{because}; if it fails again, "
-                f"{remedies.SMALLER_MICRO_BATCH.advice}")
+        then = (remedies.EVALUATION_ADVICE if phase in remedies.EVALUATION_PHASES
+                else remedies.SMALLER_MICRO_BATCH.advice)
+        return f"{remedies.EXPANDABLE_SEGMENTS.advice}{because}; if it fails again, {then}"
     if cause == "model_states":
         return ("shard the model states: weights, gradients and optimizer state do not fit on "
                 f"one GPU at any batch size{because}; use FSDP full sharding on one node or "
