@@ -13,7 +13,8 @@ raises ``Stop`` (a BaseException, so the script's own ``except Exception`` canno
 - ``model.pkl``: the model, pickled with every parameter (and any tensor over 16 MiB) as a
   ``meta`` tensor of its shape and dtype (``launcher.frameworks.meta_tensor``); small buffers keep
   their values (a rotary embedding's frequencies);
-- ``batch.pt``: one batch from the framework's own dataloader (after its collator);
+- ``batch.pt``: one batch from the framework's own dataloader (after its collator), the largest
+  its data makes where its batches vary in shape (``data_bound``, with a note);
 - ``config.json``: the config of the largest Hugging Face model built on the way, written as
   soon as it is built, so a script that never reaches training still has an analytic estimate.
 
@@ -25,6 +26,8 @@ framework's own step, which the traced estimate is checked against.
 The package, one job per module: ``__main__`` (the entry: arguments, the script run as
 ``__main__``, its errors as notes), ``answer`` (``capture.json`` and the state the hooks share),
 ``capture`` (what is written: the model, the batch, the optimizer's settings), ``hf``,
-``lightning`` and ``accelerate`` (each framework's hooks), ``measure`` (``--measure``: the
-framework's own step under the CPU profiler).
+``lightning`` and ``accelerate`` (each framework's hooks), ``plain`` (a plain PyTorch loop),
+``data_bound`` (the largest batch the training data makes, where its batches vary in shape: the
+batch traced instead of the first), ``measure`` (``--measure``: the framework's own step under
+the CPU profiler).
 """

@@ -21,6 +21,7 @@ from launcher._framework_child.capture import (
     samples_of,
     save_optimizer,
 )
+from launcher._framework_child.data_bound import bounded, bounded_shape
 from launcher._framework_child.measure import start_profile, stop_profile
 
 
@@ -93,7 +94,8 @@ def _capture_prepare(accelerator: Any, objects: tuple) -> None:
     own("max_grad_norm", None, "none: a loop clips only where it says so")
     length(unknown="its loop did not reach backward before the capture stopped it")
     # Written now: a loop that never reaches backward is still traced, with the model's loss.
-    finish(model, next(iter(loader)),  # DataLoaderShard fetches a batch ahead of the loop
+    # the largest batch the data makes, where its batches vary in shape (data_bound.py)
+    finish(model, bounded(loader, next(iter(loader))),  # DataLoaderShard fetches one ahead
             {"kind": "model_output", "call": {"style": "auto"}, "lookahead": True})
     calls: list[tuple[tuple, dict, Any]] = []
     STATE["calls"] = calls  # the last forward's inputs and output (hooked after pickling)
@@ -136,7 +138,7 @@ def _capture_loss(loss: torch.Tensor) -> None:
         else:
             step.update(match)
     if _loop_binds_output(STATE["script"]):
-        step["held_output"] = [[list(t.shape), str(t.dtype).removeprefix("torch.")]
+        step["held_output"] = [[bounded_shape(list(t.shape)), str(t.dtype).removeprefix("torch.")]
                                for t in leaves(tensors_of(out))]
     ANSWER["step"] = step
     write_answer()

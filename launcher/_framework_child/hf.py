@@ -12,6 +12,7 @@ from typing import Any
 
 from launcher._framework_child.answer import ANSWER, STATE, Stop, note
 from launcher._framework_child.capture import finish, length, own, samples_of, save_optimizer
+from launcher._framework_child.data_bound import bounded
 from launcher._framework_child.measure import measure
 
 #: from_pretrained's arguments about loading weights, not about the config.
@@ -116,7 +117,7 @@ def _capture_hf(trainer: Any) -> None:
         if ANSWER["optimizer"]["name"]:
             own("optimizer", ANSWER["optimizer"]["name"], f"TrainingArguments.optim {name}")
     loader = trainer.get_train_dataloader()
-    batch = next(iter(loader))
+    batch = bounded(loader, next(iter(loader)))  # the largest, where batches vary in shape
     accum = int(args.gradient_accumulation_steps)
     micro = int(args.per_device_train_batch_size)
     ANSWER["settings"] = {

@@ -14,6 +14,7 @@ from launcher._framework_child.capture import (
     samples_of,
     save_optimizer,
 )
+from launcher._framework_child.data_bound import bounded
 from launcher._framework_child.measure import measure
 
 
@@ -67,7 +68,7 @@ def _capture_lightning(trainer: Any, model: Any, args: tuple, kwargs: dict) -> N
     if hasattr(model, "configure_model"):
         model.configure_model()
     loader = _lightning_dataloader(model, args, kwargs)
-    batch = next(iter(loader))
+    batch = bounded(loader, next(iter(loader)))  # the largest, where batches vary in shape
     optimizer = first_optimizer(model.configure_optimizers())
     if optimizer is not None:
         save_optimizer(optimizer)

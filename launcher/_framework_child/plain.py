@@ -34,6 +34,7 @@ from launcher._framework_child.accelerate import (
 )
 from launcher._framework_child.answer import ANSWER, STATE, Stop, note, write_answer
 from launcher._framework_child.capture import finish, leaves, own, save_optimizer
+from launcher._framework_child.data_bound import bounded_inputs, bounded_shape, record_loaders
 from launcher._framework_child.measure import start_profile, stop_profile
 
 #: Option names that say "the batch size" (their dest, ``-`` as ``_``), best first.
@@ -50,6 +51,7 @@ def patch_plain() -> None:
     optimizer step (which stops the script)."""
     _patch_argparse()
     _patch_cuda()
+    record_loaders()
     calls: dict[int, tuple[torch.nn.Module, tuple, dict, Any]] = {}
     STATE["plain_calls"] = calls
     depth = [0]
@@ -167,8 +169,10 @@ def _capture(optimizer: torch.optim.Optimizer) -> None:
     rows = _rows(batch)
     step: dict[str, Any] = {"kind": "plain"}
     step.update(_loss(out, rows, batch))
+    # the largest batch the loop's DataLoader makes, where its batches vary in shape
+    batch = bounded_inputs(batch)
     if _loop_binds_output(STATE["script"]):
-        step["held_output"] = [[list(t.shape), str(t.dtype).removeprefix("torch.")]
+        step["held_output"] = [[bounded_shape(list(t.shape)), str(t.dtype).removeprefix("torch.")]
                                for t in leaves(tensors_of(out))]
     ANSWER["settings"] = {"batch_size": rows}
     finish(_unwrapped(model), batch, step)
