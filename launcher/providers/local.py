@@ -261,8 +261,20 @@ class LocalProvider(Provider):
         return JobStatus(state=JobState.FAILED, message=message)
 
     def residue(self, job_id: str) -> list[int]:
-        """Processes of the job still alive (after it ended, this must be empty)."""
-        return processes.tagged(self._token(self._dir(job_id)))
+        """Processes of the job still alive (after it ended, this must be empty). The runner
+        itself carries the token too but is not the job: after writing ``exit.json`` it exits
+        on its own, and a `cancel` that saw it in its last instant would record a finished job
+        as cancelled."""
+        job_dir = self._dir(job_id)
+        left = processes.tagged(self._token(job_dir))
+        try:
+            runner = self._runner(job_dir)
+        except UsageError:
+            return left
+        if runner is not None and (job_dir / "exit.json").exists():
+            left = [pid for pid in left if pid != runner[0]
+                    or not processes.alive(pid, runner[1])]
+        return left
 
     def events(self, job_id: str, cursor: Any = None) -> tuple[list[str], int]:
         """The rendered script's event lines, from their own file beside the log."""
