@@ -208,6 +208,18 @@ def kill_tagged(token: str, timeout_s: float = 5.0) -> list[int]:
     return left
 
 
+def reap_orphans() -> None:
+    """Collect the exit status of every child that has exited, without waiting for the others
+    (a subreaper's re-parented orphans): none is left a zombie."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
 def _proc_entries() -> list[Path]:
     try:
         return [e for e in Path("/proc").iterdir() if e.name.isdigit()]

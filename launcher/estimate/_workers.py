@@ -71,19 +71,14 @@ def end_leftovers() -> None:
     waited for): the processes that carry this child's token (``processes.PREFLIGHT_VAR``, given
     by the parent) and, when this process is their subreaper, all its descendants; then reap the
     orphans it adopted."""
-    from launcher.processes import PREFLIGHT_VAR, end_preflight
+    from launcher.processes import PREFLIGHT_VAR, end_preflight, reap_orphans
 
     token = os.environ.get(PREFLIGHT_VAR)
     if token is None and not _State.reaper:
         return
     end_preflight(token, os.getpid() if _State.reaper else None, keep_root=True)
-    while _State.reaper:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            break
-        if pid == 0:
-            break
+    if _State.reaper:
+        reap_orphans()
 
 
 def prepare(max_threads: int = 4) -> None:

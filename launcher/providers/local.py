@@ -80,6 +80,9 @@ class LocalProvider(Provider):
         #: Job ids are attempt folders relative to this (``runs/<run>/attempt-<n>``), so that
         #: a state folder moved with its project keeps working; ``None``: absolute ids only.
         self.state_dir = state_dir
+        #: Each job's token, read once from its request (``poll`` verifies the runner with it
+        #: every fraction of a second while a job is followed; a request is never rewritten).
+        self._tokens: dict[Path, str] = {}
 
     @classmethod
     def from_settings(cls, settings: dict[str, Any], environ: dict[str, str] | None = None
@@ -120,11 +123,14 @@ class LocalProvider(Provider):
     def _token(self, job_dir: Path) -> str:
         """The job's token, as its request recorded it (not recomputed from the path, which a
         move changes). A request without a well-formed one is corrupt: nothing is signalled."""
+        if job_dir in self._tokens:
+            return self._tokens[job_dir]
         request = read_state(job_dir / "request.json", dict)
         token = ((request or {}).get("env") or {}).get(processes.TOKEN_VAR)
         if not isinstance(token, str) or not _TOKEN.fullmatch(token):
             raise corrupt(job_dir / "request.json", "no job token: cannot verify which "
                           "processes are the job's, so none is signalled")
+        self._tokens[job_dir] = token
         return token
 
     def _runner(self, job_dir: Path) -> tuple[int, int] | None:

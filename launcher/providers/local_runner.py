@@ -91,7 +91,7 @@ def main(job_dir: Path) -> int:
         # Workers torchrun left behind (it was killed before it could stop them).
         processes.signal_all(everyone(), signal.SIGKILL)
         left = processes.kill_tagged(token) if token else []
-        _reap()
+        processes.reap_orphans()  # we are their subreaper
 
     if vanished:
         return 0  # no folder to record in
@@ -176,17 +176,6 @@ def _record(folder: int, data: dict[str, object]) -> None:
                 print(f"cannot record the job's end yet ({exc.strerror}); retrying",
                       file=sys.stderr, flush=True)
             time.sleep(RECORD_RETRY_S)
-
-
-def _reap() -> None:
-    """Collect the exit status of re-parented orphans (we are their subreaper)."""
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
 
 
 if __name__ == "__main__":
