@@ -251,10 +251,39 @@ def hardware() -> dict[str, Any]:
     except (ValueError, OSError):
         pass
     if torch.cuda.is_available():
-        props = torch.cuda.get_device_properties(0)
-        info.update(cuda_devices=torch.cuda.device_count(), cuda_name=props.name,
-                    cuda_memory_bytes=props.total_memory)
+        info["cuda_devices"] = torch.cuda.device_count()
+        gpu = _nvidia_smi_gpu()
+        if gpu is None:
+            # No nvidia-smi: ask torch, which creates a CUDA context; in a worker forked after
+            # its parent asked CUDA anything, torch refuses ("Cannot re-initialize CUDA in
+            # forked subprocess") and the GPU's name and size stay unknown.
+            with contextlib.suppress(RuntimeError, AssertionError):
+                props = torch.cuda.get_device_properties(0)
+                gpu = (props.name, props.total_memory)
+        if gpu is not None:
+            info.update(cuda_name=gpu[0], cuda_memory_bytes=gpu[1])
     return info
+
+
+def _nvidia_smi_gpu() -> tuple[str, int] | None:
+    """The first GPU's name and memory in bytes from ``nvidia-smi``: no CUDA context is created
+    (a probe that made one would cost a second and hundreds of MiB of the GPU, and would poison
+    the trace child's forks). None when it is missing or does not answer."""
+    import shutil
+
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    # torch's device 0 is the first of CUDA_VISIBLE_DEVICES, which nvidia-smi does not read
+    first = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip() or "0"
+    try:
+        done = subprocess.run([smi, "--query-gpu=name,memory.total", "--format=csv,noheader,"
+                               "nounits", f"--id={first}"], capture_output=True, text=True,
+                              timeout=10)
+        name, mib = done.stdout.strip().splitlines()[0].rsplit(",", 1)
+        return name.strip(), int(mib.strip()) * 2**20
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return None
 
 
 def _probe(script: Path, count_flops: bool = True) -> dict[str, Any]:

@@ -361,12 +361,14 @@ def configure_device(request: dict[str, Any]) -> list[str]:
     if target == "cpu":
         request["trace_device"] = "cpu"
         return notes
-    if torch.cuda.is_available():
-        request["trace_device"] = "cuda"
-        return notes
-    # No GPU here (or a CPU-only torch): fake CUDA tensors cannot run backward in a CPU-only
-    # build (the autograd engine asks for a CUDA stream). Trace on the CPU and emulate what
-    # differs in memory: 512-byte allocator rounding and the foreach optimizer default.
+    # Always on the CPU, emulating CUDA, also where this machine has a GPU: the plan is for the
+    # target's GPU generation (its attention kernels), not this machine's, and a plan must not
+    # depend on where it was computed. A worker forked from a process that asked CUDA anything
+    # (``torch.cuda.is_available()`` poisons fork; transformers' imports ask) cannot touch CUDA
+    # at all: every row of bench/gpu_validate.py failed so on an H200 before this. Fake CUDA
+    # tensors cannot run backward in a CPU-only build either (the autograd engine asks for a
+    # CUDA stream). What differs in memory is emulated: 512-byte allocator rounding, the
+    # foreach optimizer default, autocast's CUDA lists and CUDA's attention kernels.
     request["trace_device"] = "cpu"
     install_cuda_rounding()
     from torch.optim import optimizer as optim_module
