@@ -205,8 +205,8 @@ _TRACE_DIR: list[Path] = []
 
 
 def traced_footprint(config: dict[str, Any], seq: int, precision: str, optimizer: str,
-                     checkpointing: bool | str, attention: str | None = None
-                     ) -> Footprint | str:
+                     checkpointing: bool | str, attention: str | None = None,
+                     optimizer_impl: str | None = None) -> Footprint | str:
     """The footprint `launch plan --model-config config.json --seq-len seq [--attention ...]`
     plans with when transformers is importable: ``preflight._hf_traced`` itself
     (estimate/hf_recipe.py's recipe, ``trace_recipe`` emulating CUDA on the CPU, the spec's
@@ -217,14 +217,16 @@ def traced_footprint(config: dict[str, Any], seq: int, precision: str, optimizer
     if importlib.util.find_spec("transformers") is None:
         return "transformers is not importable: launch plan would answer analytically"
     text = json.dumps(config, sort_keys=True)
-    key = (text, seq, precision, optimizer, f"{checkpointing}/{attention}")
+    key = (text, seq, precision, optimizer, f"{checkpointing}/{attention}/{optimizer_impl}")
     if key not in _TRACED:
-        _TRACED[key] = _trace(config, text, seq, precision, optimizer, checkpointing, attention)
+        _TRACED[key] = _trace(config, text, seq, precision, optimizer, checkpointing, attention,
+                              optimizer_impl)
     return _TRACED[key]
 
 
 def _trace(config: dict[str, Any], text: str, seq: int, precision: str, optimizer: str,
-           checkpointing: bool | str, attention: str | None) -> Footprint | str:
+           checkpointing: bool | str, attention: str | None,
+           optimizer_impl: str | None = None) -> Footprint | str:
     """One trace through preflight's ``_hf_traced``, as ``launch plan`` makes it."""
     from launcher.preflight import _hf_traced
 
@@ -237,7 +239,7 @@ def _trace(config: dict[str, Any], text: str, seq: int, precision: str, optimize
     shape = shape_from_config(config, seq_len=seq)
     # Spec's defaults for what a trace reads from it (launcher/spec.py DEFAULTS)
     spec = SimpleNamespace(model_config=path, max_grad_norm=1.0, lr=3e-4, weight_decay=0.0,
-                           seed=0, attention=attention, optimizer_impl=None)
+                           seed=0, attention=attention, optimizer_impl=optimizer_impl)
     failed: dict[str, str] = {}
     environ = {"LAUNCH_TRACE_TIMEOUT": "1200", **os.environ}
     fp = _hf_traced(spec, shape, precision, optimizer, checkpointing,  # type: ignore[arg-type]
@@ -249,12 +251,13 @@ def _trace(config: dict[str, Any], text: str, seq: int, precision: str, optimize
 
 def traced_memory(config: dict[str, Any], seq: int, precision: str, optimizer: str,
                   checkpointing: bool | str, target: Target, strategy: str, nodes: int,
-                  gpus: int, micro: int, accum: int = 1, attention: str | None = None
-                  ) -> tuple[Any, str]:
+                  gpus: int, micro: int, accum: int = 1, attention: str | None = None,
+                  optimizer_impl: str | None = None) -> tuple[Any, str]:
     """``per_gpu_memory`` of the traced footprint (None and why where there is none), and how
     the planner sized it: the single device's trace, sharded phase by phase, or one rank traced
     at the plan's world size."""
-    fp = traced_footprint(config, seq, precision, optimizer, checkpointing, attention)
+    fp = traced_footprint(config, seq, precision, optimizer, checkpointing, attention,
+                          optimizer_impl)
     if isinstance(fp, str):
         return None, fp
     ranks: list[Any] = []

@@ -12,8 +12,8 @@ run with torchrun, where the machine has 2, else skipped with that reason) it:
 1. writes the model's recipe file (``zoo_hf.write_recipe`` / ``models_zoo.write_recipe``);
 2. asks the launcher for that exact plan, as a user would: ``launch plan RECIPE --json
    --strategy S --micro-batch-size B --global-batch-size B*A*G --precision P
-   --[no-]activation-checkpointing --steps N`` (a child process; on a GPU machine the trace runs
-   on fake CUDA tensors and the target is this GPU), and keeps ``chosen.memory``: the predicted
+   --[no-]activation-checkpointing --steps N`` (a child process; the trace emulates CUDA on
+   the CPU, as everywhere, and the target is this GPU), and keeps ``chosen.memory``: the predicted
    ``peak_allocated`` and ``peak_reserved``;
 3. renders that plan with ``launcher.render.render`` (the program that ships: ``launch_train.py``
    + ``plan.json``) into the row's folder and runs it, ``python launch_train.py``, for N
