@@ -323,7 +323,7 @@ def inspect_plain(path: Path, *, python: str = sys.executable, env: dict[str, st
         path=path, mode="script", hooks=found.hooks, launch=found.launch,
         parameters=found.parameters, trainable_parameters=found.trainable_parameters,
         hardware=hardware, framework_recipe=found.recipe, notes=found.notes, own=found.own,
-        flags=found.flags, flag_values=found.flag_values,
+        flags=found.flags, flag_values=found.flag_values, length=found.length,
     )
 
 

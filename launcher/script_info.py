@@ -87,7 +87,7 @@ def launch_variables(path: Path) -> frozenset[str]:
 #: The plan's settings a plain script's own flag can carry, and the ``LAUNCH_*`` variable each
 #: stands for (a learned flag reaches the script as reading that variable would).
 FLAG_VARIABLES = {"micro_batch_size": "LAUNCH_MICRO_BATCH_SIZE",
-                  "grad_accum_steps": "LAUNCH_GRAD_ACCUM_STEPS"}
+                  "grad_accum_steps": "LAUNCH_GRAD_ACCUM_STEPS", "steps": "LAUNCH_STEPS"}
 
 
 def with_flags(args: tuple[str, ...] | list[str], flags: dict[str, str],
@@ -122,7 +122,8 @@ def flag_notes(name: str, flags: dict[str, str], plan: Any, reads: frozenset[str
     """Which of the plan's settings a plain script's own flags carry, in the plan's words, and
     what a micro-batch without an accumulation flag means for it (``reads``: the variables it
     reads, ``runner._plain_reads``)."""
-    words = {"micro_batch_size": "micro-batch", "grad_accum_steps": "accumulation"}
+    words = {"micro_batch_size": "micro-batch", "grad_accum_steps": "accumulation",
+             "steps": "steps"}
     notes = [f"{words[k]} -> {flag} (the script's own flag)"
              for k, flag in flags.items() if k in FLAG_VARIABLES]
     if (plan is not None and "micro_batch_size" in flags and plan.grad_accum_steps > 1

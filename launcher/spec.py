@@ -422,6 +422,19 @@ def _origins(values: dict[str, Any], options: Mapping[str, Any], labels: Mapping
         for key in info.launch:
             if key not in pinned:
                 origins[key] = SCRIPT_OWN + (f": {info.own[key]}" if info.own.get(key) else "")
+        if info.framework is None and "steps" not in pinned and info.length:
+            from launcher.frameworks import own_steps
+
+            # the plan prices the script's own length where its options tell it; where they
+            # do not, launch's default stays, and says so
+            steps, how = own_steps(info.length, values.get("global_batch_size"))
+            if steps is not None:
+                flag = info.flags.get("steps")
+                if flag and how.startswith("max_steps="):  # in the script's own words
+                    how = f"{flag} {info.length['max_steps']}" + how.partition(",")[1] + \
+                        how.partition(",")[2]
+                values["steps"] = steps
+                origins["steps"] = f"{SCRIPT_OWN}: {how}"
     if info.framework is not None:
         from launcher.frameworks import own_settings
 

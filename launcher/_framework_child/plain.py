@@ -21,6 +21,7 @@ is false, and ``.cuda()`` on a module or tensor stays on the CPU.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from typing import Any
 
@@ -51,6 +52,7 @@ def patch_plain() -> None:
     optimizer step (which stops the script)."""
     _patch_argparse()
     _patch_cuda()
+    autocasts = _patch_autocast()
     record_loaders()
     calls: dict[int, tuple[torch.nn.Module, tuple, dict, Any]] = {}
     STATE["plain_calls"] = calls
@@ -64,6 +66,8 @@ def patch_plain() -> None:
                 True for _ in self.parameters()):
             STATE["measured_model"] = self
             start_profile()  # from the loop's first forward on
+        if autocasts and autocasts[-1] is not None:
+            STATE["plain_autocast"] = autocasts[-1]  # the loop's forward runs under it
         depth[0] += 1
         try:
             out = module_call(self, *args, **kwargs)
@@ -100,11 +104,90 @@ def patch_plain() -> None:
 
 
 def _patch_cuda() -> None:
-    """``.cuda()`` stays on the CPU when there is no GPU here (the script was written for one)."""
+    """A script written for a GPU runs here on the CPU when there is none: ``.cuda()``,
+    ``.to("cuda")``, ``device="cuda"`` (a string, ``torch.device``, ``cuda:N`` or an index) and
+    ``pin_memory()`` stay on the CPU, and ``torch.cuda.synchronize()`` waits for nothing. What a
+    CPU-only torch already tolerates (``torch.cuda.manual_seed``, a ``GradScaler("cuda")`` or an
+    ``autocast("cuda")``, which it disables with a warning; the memory counters, which read 0)
+    is left to it."""
     if torch.cuda.is_available():
         return
     torch.nn.Module.cuda = lambda self, device=None: self  # type: ignore[method-assign]
     torch.Tensor.cuda = lambda self, *a, **k: self  # type: ignore[method-assign]
+    torch.cuda.synchronize = lambda device=None: None
+    _OnTheCpu().__enter__()  # for the rest of the script: the capture ends the process
+
+
+def _patch_autocast() -> list[tuple[str, Any, bool] | None]:
+    """Record each ``torch.autocast`` the script enters as it asked for it: on a machine without
+    a GPU, torch turns ``autocast("cuda")`` off (a warning), and the plan must still know the
+    script trains in 16-bit. Returns the stack of those entered, innermost last."""
+    cls = torch.amp.autocast_mode.autocast
+    init, enter, leave = cls.__init__, cls.__enter__, cls.__exit__
+    entered: list[tuple[str, Any, bool] | None] = []
+
+    def asked_init(self: Any, device_type: str, dtype: Any = None, enabled: bool = True,
+                   cache_enabled: bool | None = None) -> None:
+        try:
+            wanted = dtype if dtype is not None else torch.get_autocast_dtype(device_type)
+        except (RuntimeError, TypeError):
+            wanted = dtype
+        self._launch_asked = (str(device_type), wanted, bool(enabled))
+        init(self, device_type, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
+
+    def asked_enter(self: Any) -> Any:
+        entered.append(getattr(self, "_launch_asked", None))
+        return enter(self)
+
+    def asked_exit(self: Any, *exc: Any) -> Any:
+        if entered:
+            entered.pop()
+        return leave(self, *exc)
+
+    cls.__init__ = asked_init  # type: ignore[method-assign]
+    cls.__enter__ = asked_enter  # type: ignore[method-assign]
+    cls.__exit__ = asked_exit  # type: ignore[method-assign]
+    return entered
+
+
+def _own_precision() -> None:
+    """The script's own precision, where its loop's forward ran under a 16-bit autocast: the
+    plan's ``bf16_mixed`` (fp16 autocast keeps the same bytes: 16-bit activations, fp32
+    weights, gradients and states). A plain script's precision is its code's: no flag sets it."""
+    asked = STATE.get("plain_autocast")
+    if not asked or not asked[2] or asked[1] not in (torch.bfloat16, torch.float16):
+        return
+    device, dtype, _ = asked
+    how = f"torch.autocast({device!r}, dtype={dtype})"
+    if dtype == torch.float16:
+        how += ": float16, planned as bf16_mixed (the same bytes)"
+    own("precision", "bf16_mixed", how)
+
+
+def _gpu(value: Any) -> bool:
+    """Whether a device argument names a GPU (``"cuda"``, ``"cuda:1"``, a CUDA ``torch.device``);
+    an int is a device index only where the argument is a device."""
+    if isinstance(value, torch.device):
+        return value.type == "cuda"
+    return isinstance(value, str) and value.split(":", 1)[0] == "cuda"
+
+
+class _OnTheCpu(torch.overrides.TorchFunctionMode):
+    """Every torch function (factories, ``Tensor.to``, ``Module.to``'s per-tensor moves) sees
+    the CPU where the script named a GPU."""
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (),
+                           kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        device = kwargs.get("device")
+        if device is not None and (_gpu(device) or type(device) is int):
+            kwargs = {**kwargs, "device": "cpu"}
+        if func is torch.Tensor.to:
+            args = tuple("cpu" if _gpu(a) or (i == 1 and type(a) is int) else a
+                         for i, a in enumerate(args))
+        elif func is torch.Tensor.pin_memory:
+            return args[0]
+        return func(*args, **kwargs)
 
 
 def _patch_argparse() -> None:
@@ -270,11 +353,36 @@ def _learn_flags(rows: int | None) -> None:
     ANSWER["flags"] = flags
     ANSWER["flag_values"] = values
     accum = values.get("grad_accum_steps", 1) if "grad_accum_steps" in flags else 1
+    _own_length(flags, values, rows, accum)
+    _own_precision()
     if rows is not None:
         how = (f"{flags['micro_batch_size']} {rows}" if "micro_batch_size" in flags
                else f"its batch of {rows} rows")
         own("global_batch_size", rows * accum,
             how + (f" x {flags['grad_accum_steps']} {accum}" if accum > 1 else ""))
+
+
+def _own_length(flags: dict[str, str], values: dict[str, Any], rows: int | None,
+                accum: int) -> None:
+    """How long the script trains by its own options (``frameworks.own_steps`` counts it): its
+    steps option's value, and/or its epochs option's value of the loader's batches. A loop
+    counted some other way (nanoGPT's module-level ``max_iters``, ``while True``) is unknown."""
+    from launcher._framework_child.capture import length, samples_of
+
+    loader = (STATE.get("loader_batch") or (None, None))[0]
+    batches = None
+    if loader is not None:
+        with contextlib.suppress(TypeError):
+            batches = len(loader)
+    epochs = values.get("epochs") if "epochs" in flags else None
+    max_steps = values.get("steps") if "steps" in flags else None
+    if max_steps is None and not (epochs and batches):
+        why = ("its epochs option counts the batches of a loader without a length"
+               if epochs else "it has no steps or epochs option that launch could read")
+        length(unknown=why)
+        return
+    length(max_steps=max_steps, epochs=epochs, batches=batches, accumulation=accum,
+           batch_size=rows, samples=samples_of(loader) if loader is not None else None)
 
 
 def _loop_binds_output(script: Any) -> bool:

@@ -279,6 +279,58 @@ for epoch in range(args.epochs):
 '''
 
 
+#: A loop written on and for a GPU box: "cuda" hard-coded everywhere, as people write it.
+ON_A_GPU = '''
+"""A training loop written on and for a GPU box: "cuda" everywhere, as people write it."""
+import argparse
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--batch-size", type=int, default=32)
+parser.add_argument("--steps", type=int, default=1000)
+args = parser.parse_args()
+
+device = "cuda"
+torch.manual_seed(0)
+torch.cuda.manual_seed(0)
+torch.backends.cuda.matmul.allow_tf32 = True
+torch.backends.cudnn.benchmark = True
+
+
+class MLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(128, 512), nn.GELU(), nn.Linear(512, 10))
+
+    def forward(self, x):
+        return self.net(x)
+
+
+model = MLP().to(device)
+optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=True)
+scaler = torch.amp.GradScaler("cuda")
+data = torch.randn(4096, 128)
+labels = torch.randint(0, 10, (4096,))
+for step in range(args.steps):
+    idx = torch.randint(0, 4096, (args.batch_size,), device="cpu")
+    x = data[idx].pin_memory().to(device, non_blocking=True)
+    y = labels[idx].to(torch.device("cuda:0"))
+    noise = torch.randn(args.batch_size, 128, device=device) * 0.01
+    with torch.autocast(device_type="cuda", dtype=torch.bfloat16):
+        loss = F.cross_entropy(model(x + noise), y)
+    optimizer.zero_grad(set_to_none=True)
+    scaler.scale(loss).backward()
+    scaler.step(optimizer)
+    scaler.update()
+    if step % 100 == 0:
+        torch.cuda.synchronize()
+        print(step, loss.item(), torch.cuda.max_memory_allocated() / 2**20)
+'''
+
+
 def _launch(args: list[str], cwd: Path, environ: dict[str, str] | None = None
             ) -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
@@ -318,6 +370,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runs]:
     r.plan("mnist", MNIST)
     r.plan("nanogpt", NANOGPT)
     r.plan("mnist_32", MNIST, "--micro-batch-size", "16", "--", "--batch-size", "32")
+    r.plan("on_a_gpu", ON_A_GPU)
+    r.plan("on_a_gpu_50", ON_A_GPU, "--steps", "50")
     for name in ("mnist", "nanogpt"):  # the scripts' own first two steps, for real
         r.futures[f"{name}_real"] = r.pool.submit(measure_step, r.scripts[name], Detected("plain"))
     yield r
@@ -345,6 +399,37 @@ def test_an_argparse_loop_is_traced_without_params_and_its_batch_flag_learned(ru
     assert answer["flags"] == {"micro_batch_size": "--batch-size", "epochs": "--epochs"}
     assert answer["step"]["loss"] == "function" and answer["step"]["target"] == "target"
     assert answer["optimizer"]["class"] == "torch.optim.adadelta.Adadelta"
+
+
+def test_the_plan_prices_the_scripts_own_length(runs: Runs) -> None:
+    """Not launch's default of 100 steps: mnist's --epochs 14 of its loader's 10 batches."""
+    data = runs.json("mnist")
+    assert data["chosen"]["steps"] == 14 * 10
+    assert data["origins"]["steps"] == "the script's own: 14 epochs of 10 batches"
+
+
+def test_a_script_hard_coded_for_cuda_is_traced_on_a_machine_without_one(runs: Runs) -> None:
+    """``.to("cuda")``, ``device="cuda"``, ``torch.device("cuda:0")``, ``pin_memory()``,
+    ``torch.cuda.synchronize()``, ``autocast("cuda")``, ``GradScaler("cuda")``, ``fused=True``:
+    the capture runs it on the CPU (a CPU-only torch refused the first of them before)."""
+    data = runs.json("on_a_gpu")
+    assert data["model"]["source"] == "traced"
+    assert data["model"]["parameters"] == 128 * 512 + 512 + 512 * 10 + 10
+    assert data["chosen"]["global_batch_size"] == 32
+    assert data["chosen"]["steps"] == 1000
+    assert data["origins"]["steps"] == "the script's own: --steps 1000"
+    assert data["script_args"] == []
+    assert "steps -> --steps (the script's own flag)" in data["notes"]
+    # its forward ran under autocast("cuda", bfloat16), which torch turned off here
+    assert data["chosen"]["precision"] == "bf16_mixed"
+    assert data["origins"]["precision"] == ("the script's own: torch.autocast('cuda', "
+                                            "dtype=torch.bfloat16)")
+
+
+def test_a_pinned_steps_reaches_the_script_through_its_steps_flag(runs: Runs) -> None:
+    data = runs.json("on_a_gpu_50")
+    assert data["chosen"]["steps"] == 50
+    assert data["script_args"] == ["--steps", "50"]
 
 
 def test_the_plans_micro_batch_reaches_the_script_through_its_flag(runs: Runs) -> None:
