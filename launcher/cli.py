@@ -191,7 +191,8 @@ def cli() -> None:
       launch status|logs|cancel|attach RUN  a run is the chain of attempts of one launch
 
     Exit status: 0 ok, 1 job failed, 2 usage, 3 no plan fits, 4 over budget,
-    5 still out of memory, 6 provider or credentials error, 130 interrupted.
+    5 still out of memory, 6 provider or credentials error, 7 not submitted
+    (the question before spending was answered no), 130 interrupted.
     """
 
 
@@ -238,24 +239,51 @@ def _progress(env: Environment, quiet: bool) -> Callable[[str], Any]:
 @cli.command("plan", cls=ScriptCommand)
 @functools.partial(plan_options, script_required=False, own=PLAN_ONLY)
 def plan_command(as_json: bool, debug: bool, report_path: Path | None, show_all: bool,
-                 **options: Any) -> None:
+                 strict: bool | None, **options: Any) -> None:
     """Dry run: estimate, choose a plan, show it. Starts nothing, spends nothing."""
     env = _env()
     planned = Runner(env).plan(*_plan_inputs(options), dry_run=True, report=report_path,
                                progress=_progress(env, as_json))
+    unchecked = _unchecked(env, planned, strict)
     if as_json:
-        _print_json(env, planned.to_dict())
+        data = planned.to_dict()
+        if unchecked:
+            data["error"] = {"message": unchecked, "status": int(ExitStatus.USAGE)}
+        _print_json(env, data)
     else:
         from launcher.report import console, print_plan
 
         print_plan(console(env.stdout), planned.result, show_all, planned.spec.script_args)
+    if unchecked:
+        env.stderr.write(f"launch: error: {unchecked}\n")
+        raise SystemExit(ExitStatus.USAGE)
     if planned.result.status != ExitStatus.SUCCESS:
         raise SystemExit(planned.result.status)
 
 
+def _unchecked(env: Environment, planned: Any, strict: bool | None) -> str | None:
+    """Why a strict cloud plan is no gate (a CI job's plan that built no request checked none
+    of what a submission needs: the region, the role, the bucket), or None. Strict with
+    ``--strict``, or by default where ``CI`` is set (GitHub Actions, GitLab, Buildkite...)."""
+    if strict is None:
+        strict = env.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+    spec, result = planned.spec, planned.result
+    if (not strict or spec.provider == "local" or planned.request is not None
+            or result.status != ExitStatus.SUCCESS):
+        return None
+    prefix = f"no {spec.provider} request: "
+    why = next((n.removeprefix(prefix) for n in result.notes if n.startswith(prefix)),
+               "it could not be built")
+    return (f"the plan has no {spec.provider} request to check ({why}); set what it names, "
+            "or pass --no-strict to plan without one")
+
+
 @cli.command("run", cls=ScriptCommand)
 @functools.partial(plan_options, own=RUN_ONLY)
-def run_command(as_json: bool, debug: bool, cancel_on_interrupt: bool, **options: Any) -> None:
+@click.option("--yes", "-y", "yes", is_flag=True,
+              help="Submit to a cloud without asking (CI; there is no terminal to ask at).")
+def run_command(as_json: bool, debug: bool, cancel_on_interrupt: bool, yes: bool,
+                **options: Any) -> None:
     """Plan, render, submit and follow a training run (the default command)."""
     from launcher.report import console, print_plan
 
@@ -265,6 +293,7 @@ def run_command(as_json: bool, debug: bool, cancel_on_interrupt: bool, **options
     out = console(env.stdout if not as_json else env.stderr)
     if not as_json:
         print_plan(out, planned.result, script_args=planned.spec.script_args)
+    _confirm_spending(env, planned, yes)
     note = (lambda text: None) if as_json else (lambda text: out.print(f"[bold]launch:[/] {text}"))
     try:
         result = runner.run(planned, on_line=_echo(out, as_json), on_note=note,
@@ -273,6 +302,56 @@ def run_command(as_json: bool, debug: bool, cancel_on_interrupt: bool, **options
         _interrupted(env, stop)
         raise
     _finish(env, out, result, as_json)
+
+
+def _confirm_spending(env: Environment, planned: Any, yes: bool) -> None:
+    """Before a cloud submission: what will run and what it costs, and ``Proceed? [y/N]`` at a
+    terminal (SkyPilot's ``sky launch`` asks the same). ``--yes`` skips the question; with no
+    terminal to ask at and no ``--yes``, nothing is submitted (exit 2, the flag named). A local
+    run spends nothing and is not asked about; a plan that cannot run is refused later, as
+    before. Written to stderr: stdout may be ``--json``."""
+    from launcher.report import format_usd
+    from launcher.units import format_bytes
+
+    spec, result, chosen = planned.spec, planned.result, planned.result.chosen
+    if yes or spec.provider == "local" or chosen is None or result.status != ExitStatus.SUCCESS:
+        return
+    provider = planned.provider
+    try:
+        where = f"{spec.provider} ({provider.region})"
+    except (LaunchError, AttributeError):
+        where = spec.provider
+    memory = chosen.memory
+    peak, capacity = memory.total, memory.capacity
+    headroom = (f", {format_bytes(capacity - peak)} headroom"
+                if peak is not None and capacity is not None else "")
+    steps = "its own length" if chosen.steps is None else f"{chosen.steps} steps"
+    total = (f"the total for {steps} not estimated" if chosen.total_cost_usd is None
+             else f"about ${format_usd(chosen.total_cost_usd)} for {steps} (estimated)")
+    hourly = ("price unknown" if chosen.cost_per_hour_usd is None
+              else f"${format_usd(chosen.cost_per_hour_usd)}/h")
+    lines = [
+        f"launch: about to submit to {where}:",
+        f"  {chosen.machine} x {chosen.nodes} node{'s' if chosen.nodes != 1 else ''}, "
+        f"{chosen.strategy} over {chosen.nodes * chosen.gpus_per_node} GPU"
+        f"{'s' if chosen.nodes * chosen.gpus_per_node != 1 else ''}, micro-batch "
+        f"{chosen.micro_batch_size} x {chosen.grad_accum_steps}, {chosen.precision}",
+        f"  per GPU {format_bytes(peak)} of {format_bytes(capacity)}{headroom}" if peak
+        is not None else f"  per GPU: the peak is not estimated; {format_bytes(capacity)} each",
+        f"  {hourly}, {total}",
+        f"  an out-of-memory failure is resubmitted with a fixed plan, up to "
+        f"{spec.max_attempts} attempts in all",
+    ]
+    tty = all(getattr(stream, "isatty", lambda: False)() for stream in (env.stdin, env.stderr))
+    if not tty:
+        raise UsageError(f"submitting to {spec.provider} spends money and there is no terminal "
+                         "to ask at: nothing was submitted",
+                         "pass --yes to submit without asking (as CI does)")
+    env.stderr.write("\n".join(lines) + "\nProceed? [y/N] ")
+    env.stderr.flush()
+    answer = env.stdin.readline()
+    if answer.strip().lower() not in ("y", "yes"):
+        raise LaunchError("not submitted: nothing was started or spent", ExitStatus.NOT_SUBMITTED)
 
 
 def _echo(out: Any, as_json: bool) -> Callable[[str], None]:

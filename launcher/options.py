@@ -125,6 +125,9 @@ PLAN_ONLY: tuple[Option, ...] = (
            "bool", param_name="show_all"),
     Option("--report", "Also write the plan as an HTML page (a CI artifact).", "path",
            param_name="report_path"),
+    Option("--strict/--no-strict",
+           "Exit 2 when a cloud plan has no request to check (a region, role or bucket "
+           "missing). On by default where CI is set, as on every CI service.", "bool"),
 )
 #: `launch run`'s own option, after PLAN_OPTIONS.
 RUN_ONLY: tuple[Option, ...] = (

@@ -131,6 +131,8 @@ class Outcome(enum.StrEnum):
     OOM = "oom"
     FAILED = "failed"
     CANCELLED = "cancelled"
+    #: No job was created (the create refused, or the launcher stopped before it): not failed.
+    NOT_SUBMITTED = "not_submitted"
 
 
 @dataclass

@@ -22,6 +22,8 @@ class ExitStatus(enum.IntEnum):
     OUT_OF_MEMORY = 5
     #: The cloud provider refused or could not be reached, or credentials are missing.
     PROVIDER_ERROR = 6
+    #: The question before a cloud submission was answered no: nothing was started or spent.
+    NOT_SUBMITTED = 7
     #: SIGHUP (128 + 1): the terminal closed; handled as Ctrl-C.
     HANGUP = 129
     #: Ctrl-C (128 + SIGINT).
@@ -42,6 +44,9 @@ class JobState(enum.StrEnum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     CANCELLED = "cancelled"
+    #: An attempt's record only: the create was refused (credentials, quota, a bad request) or
+    #: never made (the launcher stopped first). No job exists and nothing was spent.
+    NOT_SUBMITTED = "not_submitted"
 
 
 class LaunchError(Exception):

@@ -249,7 +249,7 @@ class Supervisor:
         try:
             attempt.job_id = self.provider.schedule(request)
         except Exception as exc:  # refused; an interrupt leaves "submitting", for ``adopt``
-            attempt.state, attempt.outcome = JobState.FAILED, Outcome.FAILED
+            attempt.state, attempt.outcome = JobState.NOT_SUBMITTED, Outcome.NOT_SUBMITTED
             attempt.ended_at = time.time()
             attempt.summary = {"message": f"not submitted: {exc}"}
             self.run.save_attempt(attempt)
@@ -415,7 +415,8 @@ def adopt_unrecorded(run: Run, provider: Provider) -> list[Attempt]:
             run.update_attempt(attempt.number, job_id=job_id, state=JobState.RUNNING)
         else:
             run.update_attempt(
-                attempt.number, state=JobState.FAILED, outcome=Outcome.FAILED, ended_at=time.time(),
+                attempt.number, state=JobState.NOT_SUBMITTED, outcome=Outcome.NOT_SUBMITTED,
+                ended_at=time.time(),
                 summary={"message": "never submitted: the launcher stopped before the job "
                                     "was created"})
     return run.attempts()

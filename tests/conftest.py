@@ -35,13 +35,16 @@ def cli(tmp_path: Path):
 
     Tracing is off unless a test turns it on (``environ={"LAUNCH_NO_TRACE": "0"}``): these tests
     are about the CLI and the runs, and each trace costs seconds; tests/estimate covers it.
+    ``CI`` (which makes ``launch plan`` strict) is the test's to set, not the machine's: the
+    same test passes on a laptop and in CI.
     """
 
     def run(*args: str, cwd: Path | None = None, environ: dict[str, str] | None = None) -> Result:
         out, err = io.StringIO(), io.StringIO()
+        outside = {k: v for k, v in os.environ.items() if k != "CI"}
         env = Environment(
             stdout=out, stderr=err, cwd=cwd or tmp_path,
-            environ={**os.environ, "LAUNCH_STATE_DIR": str(tmp_path / "state"),
+            environ={**outside, "LAUNCH_STATE_DIR": str(tmp_path / "state"),
                      "LAUNCH_NO_TRACE": "1", **(environ or {})},
             python=sys.executable,
         )

@@ -346,3 +346,32 @@ def test_a_recipe_takes_no_arguments(cli, tiny_recipe):
     assert cli("plan", str(tiny_recipe), "--json", "--").status == 0  # none: nothing to refuse
     nothing = cli("plan", "--params", "7B", "--", "--x")
     assert nothing.status == ExitStatus.USAGE and "none is given" in nothing.stderr
+
+
+def test_a_cloud_plan_without_a_request_is_no_gate_in_ci(cli, tiny_recipe):
+    """Issue 29: with the region unset, `launch plan --provider sagemaker --json` planned,
+    built no request and exited 0, so a CI gate passed having checked nothing. Where CI is set
+    (or with --strict) it exits 2 with the plan and the reason in one JSON object."""
+    args = ("plan", str(tiny_recipe), "--provider", "sagemaker", "--json",
+            "--role", "arn:aws:iam::123456789012:role/launch", "--bucket", "launch-bucket")
+    environ = {"LAUNCH_REGION": "", "AWS_REGION": "", "AWS_DEFAULT_REGION": "",
+               "AWS_CONFIG_FILE": "/nonexistent", "AWS_EC2_METADATA_DISABLED": "true"}
+    gate = cli(*args, environ={**environ, "CI": "true"})
+    assert gate.status == ExitStatus.USAGE, gate.stderr
+    data = gate.json()
+    assert data["request"] is None and data["chosen"] is not None
+    assert "no sagemaker request to check" in data["error"]["message"]
+    assert gate.stderr.startswith("launch: error: the plan has no sagemaker request")
+    assert len(gate.stderr.strip().splitlines()) == 1
+    assert cli(*args, "--strict", environ=environ).status == ExitStatus.USAGE
+    # a person planning at a terminal, or CI asking for it, plans without the request
+    for relaxed in (cli(*args, environ=environ),
+                    cli(*args, "--no-strict", environ={**environ, "CI": "true"})):
+        assert relaxed.status == ExitStatus.SUCCESS, relaxed.stderr
+        assert relaxed.json()["request"] is None and "error" not in relaxed.json()
+    # with the region the request is built, and the strict gate passes
+    full = cli(*args, "--region", "us-east-1", environ={**environ, "CI": "true",
+                                                       "AWS_ACCESS_KEY_ID": "testing",
+                                                       "AWS_SECRET_ACCESS_KEY": "testing"})
+    assert full.status == ExitStatus.SUCCESS, full.stderr
+    assert full.json()["request"]["api"] == "sagemaker:CreateTrainingJob"

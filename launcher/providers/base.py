@@ -23,7 +23,8 @@ if TYPE_CHECKING:
 
 #: The states a job does not leave. (``JobState`` is defined in ``launcher.status``: ``runs``
 #: reads it too and may not import this module, which names ``render``, which imports ``runs``.)
-TERMINAL_STATES = (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
+TERMINAL_STATES = (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED,
+                   JobState.NOT_SUBMITTED)
 
 
 @dataclass(frozen=True)

@@ -95,7 +95,8 @@ def test_the_ci_variables_are_terraform_outputs(workflow: dict[str, Any]) -> Non
     assert settings <= envvars, settings - envvars
 
 
-def _run_gate(workflow: dict[str, Any], tmp_path: Path, plan_args: str) -> tuple[int, str]:
+def _run_gate(workflow: dict[str, Any], tmp_path: Path, plan_args: str,
+              **variables: str) -> tuple[int, str]:
     script = step(workflow["jobs"]["plan"], "plan")["run"]
     output = tmp_path / "github_output"
     output.touch()
@@ -106,7 +107,7 @@ def _run_gate(workflow: dict[str, Any], tmp_path: Path, plan_args: str) -> tuple
         "SCRIPT": str(PLAIN), "LAUNCH_PROVIDER": "sagemaker", "LAUNCH_REGION": "us-east-1",
         "LAUNCH_BUCKET": "launch-123456789012-us-east-1",
         "LAUNCH_ROLE": "arn:aws:iam::123456789012:role/launch-sagemaker-execution",
-        "LAUNCH_PLAN_ARGS": plan_args,
+        "LAUNCH_PLAN_ARGS": plan_args, "CI": "true", **variables,
     }
     done = subprocess.run(["bash", "-e", "-c", script], cwd=tmp_path, env=environ,
                           capture_output=True, text=True, timeout=120)
@@ -132,3 +133,34 @@ def test_the_gate_fails_when_nothing_fits(workflow: dict[str, Any], tmp_path: Pa
     assert "::error title=launch plan::no plan fits" in printed
     assert json.loads((tmp_path / "plan.json").read_text())["chosen"] is None
     assert (tmp_path / "plan.html").exists()  # the artifact step has the report to keep
+
+
+def test_the_install_line_names_this_repositorys_distribution(workflow: dict[str, Any]) -> None:
+    """`launcher` on the package index is someone else's project: the workflow installs this
+    repository's distribution by its own name, at this version, with extras it defines."""
+    import tomllib
+
+    from launcher import __version__
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert project["name"] == "launch-fit" and project["version"] == __version__
+    spec = workflow["env"]["LAUNCH_PIP"]
+    match = re.fullmatch(r"([A-Za-z0-9_.-]+)\[([a-z,]+)\]==([0-9.]+)", spec)
+    assert match, spec
+    name, extras, version = match.groups()
+    assert name == project["name"] and version == project["version"]
+    assert set(extras.split(",")) <= set(project["optional-dependencies"])
+    for job in workflow["jobs"].values():
+        installs = [s["run"] for s in job["steps"] if "pip install" in s.get("run", "")]
+        assert all('"$LAUNCH_PIP"' in run and "launcher[" not in run for run in installs)
+
+
+def test_the_gate_fails_without_a_region(workflow: dict[str, Any], tmp_path: Path) -> None:
+    """The repository variables unset: the plan builds no request, so it checked nothing a
+    submission needs. A gate that passed here would gate nothing."""
+    status, printed = _run_gate(workflow, tmp_path, GPT2, LAUNCH_REGION="")
+    assert status == 2, printed
+    assert "::error title=launch plan::usage error: the plan has no sagemaker request" in printed
+    plan = json.loads((tmp_path / "plan.json").read_text())  # one object, the plan and why
+    assert plan["request"] is None and plan["chosen"]["fits"] is True
+    assert "region" in plan["error"]["message"]

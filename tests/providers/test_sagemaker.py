@@ -1020,7 +1020,7 @@ def test_a_launcher_killed_between_create_and_record_is_adopted_by_status(
     assert status.status == 0, status.stderr
     first, second = status.json()["attempts"]
     assert first["job_id"] == job_id and first["live_state"] == "running"
-    assert second["state"] == "failed" and "never submitted" in second["summary"]["message"]
+    assert second["state"] == "not_submitted" and "never submitted" in second["summary"]["message"]
     assert fake.count("CreateTrainingJob") == 1
     cancel = cli("cancel", run.id, "--json")
     assert cancel.status == 0, cancel.stderr
