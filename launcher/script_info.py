@@ -90,17 +90,31 @@ FLAG_VARIABLES = {"micro_batch_size": "LAUNCH_MICRO_BATCH_SIZE",
                   "grad_accum_steps": "LAUNCH_GRAD_ACCUM_STEPS", "steps": "LAUNCH_STEPS"}
 
 
+def flag_text(flag: str, value: Any) -> str:
+    """A learned flag with its value as the script reads it: ``--batch-size 64``, or glued for
+    a flag learned ending in ``=`` (nanoGPT's configurator reads only ``--batch_size=64``)."""
+    return f"{flag}{value}" if flag.endswith("=") else f"{flag} {value}"
+
+
 def with_flags(args: tuple[str, ...] | list[str], flags: dict[str, str],
                own: dict[str, Any], plan: Any) -> tuple[str, ...]:
     """``args`` with each learned flag (``FLAG_VARIABLES``) set to ``plan``'s value where that
     differs from the script's own (``own``): an occurrence in ``args`` (``--batch-size 64``,
-    ``--batch-size=64``) is replaced, else the flag is appended (argparse: the last one wins)."""
+    ``--batch-size=64``) is replaced, else the flag is appended (argparse, and nanoGPT's
+    configurator: the last one wins). A glued flag (``--batch_size=``) is one argument."""
     out = list(args)
     for key, flag in flags.items():
         value = getattr(plan, key, None) if key in FLAG_VARIABLES else None
         if value is None or value == own.get(key):
             continue
         text = str(value)
+        if flag.endswith("="):
+            at = [i for i, arg in enumerate(out) if arg.startswith(flag)]
+            if at:
+                out[at[-1]] = flag + text
+            else:
+                out.append(flag + text)
+            continue
         for i, arg in enumerate(out):
             if arg == flag and i + 1 < len(out):
                 out[i + 1] = text
@@ -124,11 +138,12 @@ def flag_notes(name: str, flags: dict[str, str], plan: Any, reads: frozenset[str
     reads, ``runner._plain_reads``)."""
     words = {"micro_batch_size": "micro-batch", "grad_accum_steps": "accumulation",
              "steps": "steps"}
-    notes = [f"{words[k]} -> {flag} (the script's own flag)"
-             for k, flag in flags.items() if k in FLAG_VARIABLES]
+    notes = [f"{words[k]} -> {flag + 'N' if flag.endswith('=') else flag} (the script's own "
+             "flag)" for k, flag in flags.items() if k in FLAG_VARIABLES]
     if (plan is not None and "micro_batch_size" in flags and plan.grad_accum_steps > 1
             and "grad_accum_steps" not in flags and "LAUNCH_GRAD_ACCUM_STEPS" not in reads):
         notes.append(f"{name} has no accumulation flag: it trains at "
-                     f"{flags['micro_batch_size']} {plan.micro_batch_size} per process, not "
+                     f"{flag_text(flags['micro_batch_size'], plan.micro_batch_size)} per "
+                     "process, not "
                      f"the plan's {plan.grad_accum_steps} micro-batches a step")
     return notes

@@ -431,7 +431,9 @@ def _origins(values: dict[str, Any], options: Mapping[str, Any], labels: Mapping
             if steps is not None:
                 flag = info.flags.get("steps")
                 if flag and how.startswith("max_steps="):  # in the script's own words
-                    how = f"{flag} {info.length['max_steps']}" + how.partition(",")[1] + \
+                    from launcher.script_info import flag_text
+
+                    how = flag_text(flag, info.length["max_steps"]) + how.partition(",")[1] + \
                         how.partition(",")[2]
                 values["steps"] = steps
                 origins["steps"] = f"{SCRIPT_OWN}: {how}"

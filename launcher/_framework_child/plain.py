@@ -37,6 +37,7 @@ from launcher._framework_child.answer import ANSWER, STATE, Stop, note, write_an
 from launcher._framework_child.capture import finish, leaves, own, save_optimizer
 from launcher._framework_child.data_bound import bounded_inputs, bounded_shape, record_loaders
 from launcher._framework_child.measure import start_profile, stop_profile
+from launcher.script_info import flag_text
 
 #: Option names that say "the batch size" (their dest, ``-`` as ``_``), best first.
 _BATCH_DESTS = ("micro_batch_size", "per_device_train_batch_size", "batch_size", "train_batch_size",
@@ -52,7 +53,11 @@ def patch_plain() -> None:
     optimizer step (which stops the script)."""
     _patch_argparse()
     _patch_cuda()
+    _patch_compile()
     autocasts = _patch_autocast()
+    #: a top-level call without gradients before the first step (an evaluation: nanoGPT's
+    #: estimate_loss runs 2 x eval_iters forwards first), by module and input shapes
+    repeats: dict[tuple, Any] = {}
     record_loaders()
     calls: dict[int, tuple[torch.nn.Module, tuple, dict, Any]] = {}
     STATE["plain_calls"] = calls
@@ -60,6 +65,8 @@ def patch_plain() -> None:
     module_call = torch.nn.Module.__call__
 
     def recording_call(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+        if not depth[0] and not torch.is_grad_enabled() and not STATE.get("measure"):
+            return _repeated(repeats, module_call, self, args, kwargs)
         if depth[0] or not torch.is_grad_enabled():
             return module_call(self, *args, **kwargs)
         if STATE.get("measure") and "measured_model" not in STATE and any(
@@ -80,11 +87,21 @@ def patch_plain() -> None:
     torch.nn.Module.__call__ = recording_call  # type: ignore[method-assign]
     backward = torch.Tensor.backward
 
+    inside = [False]
+
     def recording_backward(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        if "plain_loss" not in STATE:
+        if not inside[0] and not ANSWER["reached"] and not STATE.get("capturing"):
+            # the last backward before the first step: it belongs with the model's last call
+            # (an accumulating loop makes several, each of its own micro-batch's output); not
+            # one the capture itself runs, nor the re-entry a torch function mode makes
+            # (``_OnTheCpu``: torch's backward hands itself to the mode, which calls it again)
             STATE["plain_loss"] = self
             STATE["plain_frame"] = dict(sys._getframe(1).f_locals)
-        return backward(self, *args, **kwargs)
+        outer, inside[0] = inside[0], True
+        try:
+            return backward(self, *args, **kwargs)
+        finally:
+            inside[0] = outer
 
     torch.Tensor.backward = recording_backward  # type: ignore[method-assign]
     from torch.optim.optimizer import register_optimizer_step_pre_hook
@@ -97,6 +114,7 @@ def patch_plain() -> None:
             stop_profile()
             raise Stop
         if not ANSWER["reached"]:
+            STATE["capturing"] = True
             _capture(optimizer)
         raise Stop
 
@@ -116,6 +134,31 @@ def _patch_cuda() -> None:
     torch.Tensor.cuda = lambda self, *a, **k: self  # type: ignore[method-assign]
     torch.cuda.synchronize = lambda device=None: None
     _OnTheCpu().__enter__()  # for the rest of the script: the capture ends the process
+
+
+def _repeated(repeats: dict[tuple, Any], call: Any, module: torch.nn.Module, args: tuple,
+              kwargs: dict) -> Any:
+    """A top-level forward without gradients, before the first optimizer step: the first one of
+    each module and input signature runs; a repeat returns that first output. An evaluation
+    before training (nanoGPT's ``estimate_loss``: 2 x 200 forwards at iteration 0) would
+    otherwise cost the capture minutes on a CPU for nothing it needs: the step it traces is
+    the one with gradients, and the script's numbers from these calls are not used."""
+    signature = (id(module), module.training, tuple(
+        (tuple(t.shape), t.dtype) if isinstance(t, torch.Tensor) else type(t).__name__
+        for t in (*args, *kwargs.values())), tuple(kwargs))
+    if signature not in repeats:
+        repeats[signature] = call(module, *args, **kwargs)
+    return repeats[signature]
+
+
+def _patch_compile() -> None:
+    """``torch.compile`` returns what it was given: the capture needs the model's modules and
+    one step's shapes, not kernels (compiling on a CPU took nanoGPT's capture a minute), and the
+    trace is of the eager model, as it already unwrapped a compiled one."""
+    def no_compile(model: Any = None, *args: Any, **kwargs: Any) -> Any:
+        return model if model is not None else (lambda fn: fn)
+
+    torch.compile = no_compile  # type: ignore[assignment]
 
 
 def _patch_autocast() -> list[tuple[str, Any, bool] | None]:
@@ -281,12 +324,14 @@ def _loss(out: Any, rows: int | None, batch: dict[str, Any]) -> dict[str, Any]:
              "traced step takes the model's own loss, else the sum of its output")
         return {"loss": "model"}
     own_loss = output_loss(out)
-    if own_loss is not None and (own_loss is loss or same_values(own_loss, loss)):
+    if own_loss is not None and (own_loss is loss or same_values(own_loss, loss)
+                                 or _scaled_from(loss, own_loss)):
         return {"loss": "model"}
     if isinstance(out, (list, tuple)):
         for index, value in enumerate(out):
             if isinstance(value, torch.Tensor) and (value is loss or (
-                    value.dim() == 0 and same_values(value, loss))):
+                    value.dim() == 0 and (same_values(value, loss)
+                                          or _scaled_from(loss, value)))):
                 return {"loss": "index", "index": index}
     inputs = {id(t) for t in _tensors(batch)}
     candidates = {name: value for name, value in (STATE.get("plain_frame") or {}).items()
@@ -301,6 +346,30 @@ def _loss(out: Any, rows: int | None, batch: dict[str, Any]) -> dict[str, Any]:
     return {"loss": "sum"}
 
 
+#: The autograd nodes of a scalar's scaling: ``loss / gradient_accumulation_steps`` (nanoGPT,
+#: every accumulating loop), ``scaler.scale(loss)`` (a GradScaler's multiplication).
+_SCALING = ("DivBackward0", "DivBackward1", "MulBackward0", "MulBackward1")
+
+
+def _scaled_from(loss: torch.Tensor, value: torch.Tensor, depth: int = 3) -> bool:
+    """Whether the tensor the loop called ``backward`` on is ``value`` scaled by constants
+    (divided by the accumulation steps, multiplied by a GradScaler's scale), read off its
+    autograd graph: the same loss, with the same activations, as the model's own."""
+    target = value.grad_fn
+    if target is None or loss.dim() != 0 or value.dim() != 0:
+        return False
+    node = loss.grad_fn
+    for _ in range(depth):
+        if node is None or type(node).__name__ not in _SCALING:
+            return False
+        parents = [fn for fn, _ in node.next_functions if fn is not None]
+        if target in parents:
+            return True
+        scaled = [fn for fn in parents if type(fn).__name__ in _SCALING]
+        node = scaled[0] if len(scaled) == 1 and len(parents) == 1 else None
+    return False
+
+
 def _tensors(value: Any) -> list[torch.Tensor]:
     from launcher._framework_child.capture import leaves
 
@@ -312,6 +381,7 @@ def _learn_flags(rows: int | None) -> None:
     captured batch's rows (by name when several have that value), and, by name alone, its
     accumulation, steps and epochs."""
     options = [o for parser in STATE.get("plain_parsers", ()) for o in parser["options"]]
+    options += _configurator_options()
     flags: dict[str, str] = {}
     values: dict[str, Any] = {}
 
@@ -356,10 +426,40 @@ def _learn_flags(rows: int | None) -> None:
     _own_length(flags, values, rows, accum)
     _own_precision()
     if rows is not None:
-        how = (f"{flags['micro_batch_size']} {rows}" if "micro_batch_size" in flags
+        how = (flag_text(flags["micro_batch_size"], rows) if "micro_batch_size" in flags
                else f"its batch of {rows} rows")
         own("global_batch_size", rows * accum,
-            how + (f" x {flags['grad_accum_steps']} {accum}" if accum > 1 else ""))
+            how + (f" x {flag_text(flags['grad_accum_steps'], accum)}" if accum > 1 else ""))
+
+
+#: nanoGPT's ``exec(open('configurator.py').read())``: its module-level settings are set from the
+#: command line as ``--batch_size=32`` (and its forks keep the line as it is).
+_CONFIGURATOR = r"""exec\(\s*open\(\s*['"]([^'"]*configurator\.py)['"]\s*\)\.read\(\)\s*\)"""
+
+
+def _configurator_options() -> list[dict[str, Any]]:
+    """A nanoGPT-style script's settings as options: where it runs a configurator that sets its
+    module-level globals from ``--key=value`` arguments, each int global named like a batch,
+    accumulation, steps or epochs setting, with its value after the configurator ran, as an
+    option ``--key=`` (glued: the configurator splits on ``=`` and reads a bare word as a config
+    file)."""
+    import re
+
+    script = STATE.get("script")
+    main = sys.modules.get("__main__")
+    try:
+        text = script.read_text(encoding="utf-8") if script is not None else ""
+    except (OSError, UnicodeDecodeError):
+        return []
+    found = re.search(_CONFIGURATOR, text)
+    if found is None or main is None:
+        return []
+    names = (*_BATCH_DESTS, *_ACCUM_DESTS, *_STEPS_DESTS, *_EPOCHS_DESTS)
+    return [{"options": [f"--{name}="], "dest": name, "value": value, "default": value,
+             "configurator": found.group(1)}
+            for name, value in vars(main).items()
+            if (name in names or "batch" in name) and not name.startswith("_")
+            and isinstance(value, int) and not isinstance(value, bool)]
 
 
 def _own_length(flags: dict[str, str], values: dict[str, Any], rows: int | None,

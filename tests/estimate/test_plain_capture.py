@@ -14,6 +14,7 @@ DataLoader, ``F.nll_loss``), nanoGPT's train.py (module-level settings, a ``devi
 child and traces: seconds of CPU that overlap).
 """
 
+# ruff: noqa: E501  (the scripts below keep their public originals' lines as they are)
 from __future__ import annotations
 
 import io
@@ -331,6 +332,112 @@ for step in range(args.steps):
 '''
 
 
+#: nanoGPT as it is: its settings are module-level globals that configurator.py (below, nanoGPT's
+#: own, verbatim) sets from ``--key=value`` arguments; a bare word is a config file to exec.
+NANOGPT_CONFIGURATOR = NANOGPT.replace(
+    "device = 'cuda' if torch.cuda.is_available() else 'cpu'\n",
+    "device = 'cuda'\n"  # nanoGPT's default: a GPU is assumed; the capture runs it on the CPU
+    "config_keys = [k for k,v in globals().items() if not k.startswith('_') and isinstance(v, "
+    "(int, float, bool, str))]\n"
+    "exec(open('configurator.py').read()) # overrides from command line or config file\n"
+    "config = {k: globals()[k] for k in config_keys} # will be useful for logging\n")
+assert NANOGPT_CONFIGURATOR != NANOGPT
+# ... and its loop as nanoGPT writes it: gradient accumulation with the loss divided, autocast
+# ("cuda" here), a GradScaler, torch.compile, gradient clipping, and an evaluation of
+# eval_iters batches per split under no_grad before the first optimizer step.
+NANOGPT_CONFIGURATOR = NANOGPT_CONFIGURATOR.replace(
+    "max_iters = 50\n", "max_iters = 50\ngradient_accumulation_steps = 2\neval_iters = 200\n"
+    "eval_interval = 2000\ncompile = True\ngrad_clip = 1.0\n")
+NANOGPT_CONFIGURATOR = NANOGPT_CONFIGURATOR[:NANOGPT_CONFIGURATOR.index("X, Y = get_batch(")] + \
+    '''from contextlib import nullcontext
+device_type = 'cuda' if 'cuda' in device else 'cpu'
+dtype = 'bfloat16' if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else 'float16'
+ptdtype = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}[dtype]
+ctx = nullcontext() if device_type == 'cpu' else torch.amp.autocast(device_type=device_type, dtype=ptdtype)
+scaler = torch.cuda.amp.GradScaler(enabled=(dtype == 'float16'))
+if compile:
+    print("compiling the model... (takes a ~minute)")
+    unoptimized_model = model
+    model = torch.compile(model) # requires PyTorch 2.0
+
+
+@torch.no_grad()
+def estimate_loss():
+    out = {}
+    model.eval()
+    for split in ['train', 'val']:
+        losses = torch.zeros(eval_iters)
+        for k in range(eval_iters):
+            X, Y = get_batch(split)
+            with ctx:
+                logits, loss = model(X, Y)
+            losses[k] = loss.item()
+        out[split] = losses.mean()
+    model.train()
+    return out
+
+
+X, Y = get_batch('train') # fetch the very first batch
+iter_num = 0
+while True:
+    if iter_num % eval_interval == 0:
+        losses = estimate_loss()
+        print(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
+    for micro_step in range(gradient_accumulation_steps):
+        with ctx:
+            logits, loss = model(X, Y)
+            loss = loss / gradient_accumulation_steps # scale the loss to account for gradient accumulation
+        X, Y = get_batch('train')
+        scaler.scale(loss).backward()
+    if grad_clip != 0.0:
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+    iter_num += 1
+    if iter_num > max_iters:
+        break
+'''
+CONFIGURATOR = '''"""
+Poor Man's Configurator. Probably a terrible idea. Example usage:
+$ python train.py config/override_file.py --batch_size=32
+"""
+
+import sys
+from ast import literal_eval
+
+for arg in sys.argv[1:]:
+    if '=' not in arg:
+        # assume it's the name of a config file
+        assert not arg.startswith('--')
+        config_file = arg
+        print(f"Overriding config with {config_file}:")
+        with open(config_file) as f:
+            print(f.read())
+        exec(open(config_file).read())
+    else:
+        # assume it's a --key=value argument
+        assert arg.startswith('--')
+        key, val = arg.split('=')
+        key = key[2:]
+        if key in globals():
+            try:
+                # attempt to eval it it (e.g. if bool, number, or etc)
+                attempt = literal_eval(val)
+            except (SyntaxError, ValueError):
+                # if that goes wrong, just use the string
+                attempt = val
+            # ensure the types match ok
+            assert type(attempt) == type(globals()[key])
+            # cross fingers
+            print(f"Overriding: {key} = {attempt}")
+            globals()[key] = attempt
+        else:
+            raise ValueError(f"Unknown config key: {key}")
+'''
+
+
 def _launch(args: list[str], cwd: Path, environ: dict[str, str] | None = None
             ) -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
@@ -349,11 +456,14 @@ class Runs:
         self.futures: dict[str, Future] = {}
         self.scripts: dict[str, Path] = {}
 
-    def plan(self, name: str, source: str, *args: str) -> None:
+    def plan(self, name: str, source: str, *args: str, files: dict[str, str] | None = None
+             ) -> None:
         folder = self.dir / name
         folder.mkdir()
-        script = folder / ("main.py" if name != "nanogpt" else "train.py")
+        script = folder / ("main.py" if not name.startswith("nanogpt") else "train.py")
         script.write_text(source)
+        for file, text in (files or {}).items():
+            (folder / file).write_text(text)
         self.scripts[name] = script
         self.futures[name] = self.pool.submit(
             _launch, ["plan", str(script), "--json", *args], folder)
@@ -371,6 +481,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runs]:
     r.plan("nanogpt", NANOGPT)
     r.plan("mnist_32", MNIST, "--micro-batch-size", "16", "--", "--batch-size", "32")
     r.plan("on_a_gpu", ON_A_GPU)
+    r.plan("nanogpt_as_is", NANOGPT_CONFIGURATOR, "--micro-batch-size", "4", "--",
+           "--batch_size=8", "--n_layer=2", files={"configurator.py": CONFIGURATOR})
     r.plan("on_a_gpu_50", ON_A_GPU, "--steps", "50")
     for name in ("mnist", "nanogpt"):  # the scripts' own first two steps, for real
         r.futures[f"{name}_real"] = r.pool.submit(measure_step, r.scripts[name], Detected("plain"))
@@ -424,6 +536,36 @@ def test_a_script_hard_coded_for_cuda_is_traced_on_a_machine_without_one(runs: R
     assert data["chosen"]["precision"] == "bf16_mixed"
     assert data["origins"]["precision"] == ("the script's own: torch.autocast('cuda', "
                                             "dtype=torch.bfloat16)")
+
+
+def test_nanogpts_configurator_settings_are_its_flags(runs: Runs) -> None:
+    """nanoGPT's train.py sets its globals from ``--batch_size=8`` through configurator.py: the
+    capture runs it so (``device = 'cuda'`` on a machine without one), learns the globals as
+    glued flags, and the plan reaches it the only way the configurator reads (``--batch_size=4``
+    replacing the user's ``--batch_size=8``, one argument: ``--batch_size 4`` would be read as a
+    config file named 4)."""
+    data = runs.json("nanogpt_as_is")
+    assert data["model"]["source"] == "traced"
+    chosen = data["chosen"]
+    # the user's --batch_size=8 (not the default 12) x its own 2 accumulation steps
+    assert chosen["global_batch_size"] == 16
+    assert data["origins"]["global_batch_size"] == (
+        "the script's own: --batch_size=8 x --gradient_accumulation_steps=2")
+    assert (chosen["micro_batch_size"], chosen["grad_accum_steps"]) == (4, 4)
+    assert data["script_args"] == ["--batch_size=4", "--n_layer=2",
+                                   "--gradient_accumulation_steps=4"]
+    assert chosen["steps"] == 50 and data["origins"]["steps"] == "the script's own: --max_iters=50"
+    assert "micro-batch -> --batch_size=N (the script's own flag)" in data["notes"]
+    # autocast('cuda', float16) as nanoGPT picks it without bf16 support: the same bytes
+    assert chosen["precision"] == "bf16_mixed"
+    # the loss it calls backward on is the model's, divided by the accumulation steps
+    assert not any("traced step sums the output" in n for n in data["notes"])
+    capture = json.loads(next((runs.dir / "nanogpt_as_is" / "state" / "framework_recipes").glob(
+        "*/capture.json")).read_text())
+    assert capture["flags"] == {"micro_batch_size": "--batch_size=",
+                                "grad_accum_steps": "--gradient_accumulation_steps=",
+                                "steps": "--max_iters="}
+    assert capture["step"]["loss"] == "index" and capture["step"]["index"] == 1
 
 
 def test_a_pinned_steps_reaches_the_script_through_its_steps_flag(runs: Runs) -> None:
