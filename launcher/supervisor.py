@@ -9,6 +9,7 @@ none, or the attempts are used up, the run ends with exit status 5.
 
 from __future__ import annotations
 
+import collections
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -282,10 +283,10 @@ class Supervisor:
         stopped_at: float | None = None
         lag_noted: tuple[float, float] | None = None  # (lag, when) of the last note
         most_behind = 0.0
-        while True:
-            status = self.provider.poll(attempt.job_id)
-            # The event channel first: an out-of-memory event is acted on at once, however
-            # much of the log is still to be read.
+        def read_events() -> None:
+            """The event channel: an out-of-memory event is said and acted on at once, however
+            much of the log is still to be read or shown."""
+            nonlocal event_cursor, seen_at, stopped_at
             events, event_cursor = self.provider.events(attempt.job_id, event_cursor)
             for line in events:
                 event = parse_event(line)
@@ -301,9 +302,31 @@ class Supervisor:
                     seen_at = time.monotonic()
                     self.on_note(f"out of memory on rank {event.get('rank')} in "
                                  f"{event.get('phase')}: stopping the job")
+            if seen_at is not None and stopped_at is None and (
+                    progress.oom is not None or time.monotonic() - seen_at > STOP_GRACE_S):
+                stopped_at = time.monotonic()
+                self.provider.stop(attempt.job_id)
+
+        held: collections.deque[str] = collections.deque()
+        unshown = 0
+        while True:
+            status = self.provider.poll(attempt.job_id)
+            read_events()
             lines, cursor = self.provider.logs(attempt.job_id, cursor)
+            checked = time.monotonic()
             for line in lines:
-                self.on_line(line)
+                if time.monotonic() - checked >= EVENT_CHECK_S:
+                    # a log that arrives faster than it is shown (megabytes a step) must not
+                    # hold back what the event channel already knows
+                    read_events()
+                    checked = time.monotonic()
+                if seen_at is None:
+                    self.on_line(line)
+                else:  # said and stopping: the backlog is summed up, its last lines shown
+                    held.append(line)
+                    if len(held) > TAIL_LINES:
+                        held.popleft()
+                        unshown += 1
                 event = parse_event(line)
                 if event is not None:
                     progress.update(event)
@@ -333,6 +356,11 @@ class Supervisor:
                 break
             if not lines:
                 time.sleep(self.poll_interval_s)
+        if unshown:
+            self.on_note(f"{unshown} earlier lines of the job's log not shown here (all of it: "
+                         f"`launch logs {self.run.id}`); its last {len(held)}:")
+        for line in held:
+            self.on_line(line)
         faults.point("follow.ended")
         attempt.state = status.state
         attempt.exit_code = status.exit_code
@@ -421,6 +449,12 @@ def adopt_unrecorded(run: Run, provider: Provider) -> list[Attempt]:
                                     "was created"})
     return run.attempts()
 
+
+#: While a long stretch of log is shown, how often the event channel is read between its lines.
+EVENT_CHECK_S = 0.2
+#: Once an out-of-memory failure is said, the log still to be shown is summed up: these last
+#: lines of it are shown (the traceback, the other ranks' ends), the rest counted.
+TAIL_LINES = 50
 
 #: How long `cancel` waits for a job to reach a terminal state after asking it to stop.
 CANCEL_WAIT_S = 30.0
