@@ -1,12 +1,15 @@
 """The `launch` command line: parse, call one function, print. No logic of its own.
 
 Each command parses its options, calls one method of ``launcher.runner.Runner`` (plan, run,
-attach, status, logs, cancel, explain, machines) or ``launcher.doctor``, prints the typed result
-as text or ``--json``, and maps errors to the exit status enum (``launcher.status``).
+attach, status, runs, logs, cancel, explain, machines) or ``launcher.doctor``, prints the typed
+result as text or ``--json``, and maps errors to the exit status enum (``launcher.status``).
 
 Nothing heavy is imported at module level (no torch, no cloud SDK, not even rich): `launch --help`
 must answer at once. ``main(args, env)`` runs in-process, with an injectable environment, so tests
 drive the real CLI without a subprocess.
+
+Over 600 lines on purpose: it is the one place where each command's options are declared and its
+result is printed; every command is a few lines of the same shape, and the work is elsewhere.
 """
 
 from __future__ import annotations
@@ -188,6 +191,7 @@ def cli() -> None:
       launch --provider vertex train.py     the same on a cloud
       launch plan train.py --json           dry run: the estimate and the plan
       launch train.py -- --lr 3e-4          the script's own arguments go after --
+      launch runs                           every run, from any folder, newest first
       launch status|logs|cancel|attach RUN  a run is the chain of attempts of one launch
 
     Exit status: 0 ok, 1 job failed, 2 usage, 3 no plan fits, 4 over budget,
@@ -409,11 +413,13 @@ def explain_command(log: str, platform: str | None, as_json: bool, debug: bool) 
 
     out = env.stdout
     if data["failure"] == "none":
-        out.write("no failure found in the log\n")
+        note = f" ({data['note']})" if data.get("note") else ""
+        out.write(f"no failure found in the log{note}\n")
         return
     where = f" on rank {data['rank']}" if data.get("rank") is not None else ""
     line = f" (line {data['line']})" if data.get("line") else ""
-    out.write(f"failure: {data['failure']}{where}{line}; cause: {data['cause']}\n")
+    cause = f"; cause: {data['cause']}" if data.get("cause") is not None else ""
+    out.write(f"failure: {data['failure']}{where}{line}{cause}\n")
     figures = [(k, data.get(k)) for k in ("requested_bytes", "capacity_bytes", "allocated_bytes",
                                           "reserved_bytes", "free_bytes")]
     shown = ", ".join(f"{k.removesuffix('_bytes')} {format_bytes(v)}" for k, v in figures
@@ -490,26 +496,65 @@ def status_command(run_id: str | None, as_json: bool, debug: bool) -> None:
     if as_json:
         _print_json(env, status.to_dict())
         return
-    env.stdout.write(f"run {status.run_id}  {status.provider}  {status.script}\n")
+    from launcher.report import format_attempt
+
+    head = [part for part in (status.provider, status.script) if part]
+    env.stdout.write("  ".join([f"run {status.run_id}", *head]) + "\n")
     for row in status.attempts:
-        attempt = row.attempt
-        summary = attempt.summary or {}
-        env.stdout.write(
-            f"  attempt {attempt.number}: {row.live_state:<10} outcome={attempt.outcome} "
-            f"step={summary.get('steps')} loss={summary.get('loss')}  {attempt.change}\n")
+        env.stdout.write(f"  {format_attempt(row.attempt, row.live_state)}\n")
+
+
+@cli.command("runs")
+@click.option("--here", is_flag=True,
+              help="Only this folder's runs (its state folder), not every run launch knows.")
+@common
+def runs_command(here: bool, as_json: bool, debug: bool) -> None:
+    """List every run, newest first: id, script, provider, state, attempts, cost, age.
+
+    Runs started from any folder are found through the index in the state home
+    ($LAUNCH_HOME, else $XDG_STATE_HOME/launch or ~/.local/state/launch). The state is the
+    last attempt's as recorded: no cloud is asked (`launch status RUN` asks)."""
+    env = _env()
+    listing = Runner(env).runs(here=here)
+    shown_notes = listing.notes[:10]
+    for note in shown_notes:
+        env.stderr.write(f"launch: note: {note}\n")
+    if len(listing.notes) > len(shown_notes):
+        env.stderr.write(f"launch: note: and {len(listing.notes) - len(shown_notes)} more "
+                         "skipped\n")
+    if as_json:
+        _print_json(env, [run.to_dict() for run in listing.runs])
+        return
+    if not listing.runs:
+        where = "in this folder's state folder" if here else "yet"
+        env.stdout.write(f"no runs {where} (start one with `launch SCRIPT`)\n")
+        return
+    from launcher.report import format_runs
+
+    env.stdout.write(format_runs(listing.runs, env.state_dir, env.environ.get("HOME")))
 
 
 @cli.command("logs")
 @click.argument("run_id", required=False)
 @click.option("--attempt", "number", type=int, help="Which attempt (default: the last).")
 @click.option("--follow", "-f", is_flag=True, help="Keep printing until the job ends.")
+@click.option("--raw", is_flag=True,
+              help="The log as the job wrote it (default: its events as sentences, as "
+                   "`launch` shows them while it follows a run).")
 @common
-def logs_command(run_id: str | None, number: int | None, follow: bool, as_json: bool,
-                 debug: bool) -> None:
+def logs_command(run_id: str | None, number: int | None, follow: bool, raw: bool,
+                 as_json: bool, debug: bool) -> None:
     """Print a run's job output."""
     env = _env()
-    for line in Runner(env).logs(run_id, number, follow):
-        env.stdout.write(line + "\n")
+    lines = Runner(env).logs(run_id, number, follow)
+    if raw or as_json:  # --json printed the lines as written before --raw existed
+        for line in lines:
+            env.stdout.write(line + "\n")
+        return
+    from launcher.report import format_log_line
+
+    for line in lines:
+        env.stdout.write(format_log_line(line) + "\n")
 
 
 @cli.command("cancel")

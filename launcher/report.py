@@ -251,7 +251,16 @@ def print_summary(out: Any, run_id: str, status_name: str, summary: dict[str, An
 
 
 def format_log_line(line: str) -> str:
-    """A job's output line for a person: the templates' JSON events become short sentences."""
+    """A job's output line for a person: the templates' JSON events become short sentences. A
+    line that only looks like an event (a field of the wrong type, nested too deep) is shown as
+    written."""
+    try:
+        return _format_event(line)
+    except (TypeError, ValueError, AttributeError, RecursionError):
+        return line
+
+
+def _format_event(line: str) -> str:
     from launcher.events import parse_event
     from launcher.units import format_bytes
 
@@ -280,6 +289,81 @@ def format_log_line(line: str) -> str:
         return (f"{prefix}OUT OF MEMORY in {event.get('phase')} at step {event.get('step')} "
                 f"micro-step {event.get('micro_step')}: {event.get('message')}")
     return line
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def format_loss(value: Any) -> str:
+    """A loss to 4 significant digits (``3.283``, ``0.0001235``, ``nan``)."""
+    return f"{value:.4g}"
+
+
+def format_attempt(attempt: Any, state: str) -> str:
+    """One attempt of `launch status` for a person: its state, then only what is known
+    (outcome, steps, loss to 4 significant digits, cost, what changed): never ``None``."""
+    summary = attempt.summary if isinstance(attempt.summary, dict) else {}
+    parts = [f"attempt {attempt.number}: {state:<10}"]
+    if attempt.outcome is not None:
+        parts.append(f"outcome={attempt.outcome}")
+    steps = summary.get("steps")
+    if _number(steps):
+        parts.append(f"step={steps:g}" if isinstance(steps, float) else f"step={steps}")
+    loss = summary.get("loss")
+    if _number(loss):
+        parts.append(f"loss={format_loss(loss)}")
+    if _number(attempt.cost_usd) and attempt.cost_usd:
+        parts.append(f"cost=${format_usd(attempt.cost_usd)}")
+    line = " ".join(parts)
+    return (f"{line}  {attempt.change}" if attempt.change else line).rstrip()
+
+
+def format_age(seconds: float) -> str:
+    """How long ago, in the largest unit that is at least 1: ``3 min ago``, ``2 h ago``."""
+    if seconds != seconds or seconds in (float("inf"), float("-inf")):
+        return "-"
+    if seconds < 60:
+        return "just now" if seconds < 5 else f"{int(seconds)} s ago"
+    for unit, size in (("days", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            count = int(seconds // size)
+            return f"{count} {'day' if unit == 'days' and count == 1 else unit} ago"
+    return "-"
+
+
+def format_runs(runs: list[Any], state_dir: Any, home: str | None, now: float | None = None
+                ) -> str:
+    """`launch runs` for a person: a table, newest first; the folder column says where each
+    run's project is (``.`` for this folder's state folder)."""
+    import os
+    import time
+
+    now = time.time() if now is None else now
+    here = os.path.normpath(str(state_dir))
+    rows = [("RUN", "SCRIPT", "PROVIDER", "STATE", "ATTEMPTS", "COST", "AGE", "FOLDER")]
+    for run in runs:
+        folder = os.path.normpath(str(run.path.parent.parent))
+        if folder == here:
+            where = "."
+        else:
+            project = os.path.dirname(folder) if os.path.basename(folder) == ".launch" else folder
+            if home and (project + "/").startswith(home.rstrip("/") + "/"):
+                project = "~" + project[len(home.rstrip("/")):]
+            where = project
+        state = run.state or "-"
+        if run.outcome and run.outcome not in ("success", state):
+            state = f"{state} ({run.outcome})"
+        rows.append((run.run_id, os.path.basename(run.script) if run.script else "-",
+                     run.provider or "-", state, str(run.attempts),
+                     "-" if run.cost_usd is None else f"${format_usd(run.cost_usd)}",
+                     format_age(now - run.created_at), where))
+    # Cells come from state files: nothing in them may move the cursor or break the table.
+    rows = [tuple("".join(c if c.isprintable() else "?" for c in cell) for cell in row)
+            for row in rows]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    return "".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=False))
+                   + "  " + row[-1] + "\n" for row in rows)
 
 
 _HTML_COLORS = ("#4a78c2", "#b05ab8", "#d9a520", "#4caf50", "#26a6b8", "#9e9e9e")

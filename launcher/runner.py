@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from launcher.context import Environment
+from launcher.run_index import RunList, index_run, indexed_run, list_runs, state_home
 from launcher.runs import Attempt, Outcome, Run
 from launcher.status import BadValue, ExitStatus, JobState, LaunchError, UsageError
 
@@ -373,6 +374,9 @@ class Runner:
                          {"script": str(spec.script), "provider": spec.provider,
                           "spec": recorded, "settings": planned.settings,
                           "plan": result.to_dict()})
+        unindexed = index_run(self.home, run)  # `launch runs`, `status RUN` from any folder
+        if unindexed:
+            on_note(unindexed)
         on_note(f"run {run.id} (state in {run.path})")
         supervisor = Supervisor(provider, run, on_line=on_line, on_note=on_note,
                                 replan=self._replanner(spec, info))
@@ -382,6 +386,11 @@ class Runner:
             raise RunInterrupted(run.id, self._interrupted(provider, run, cancel_on_interrupt),
                                  interrupt_status(exc)) from exc
         return RunResult(run, outcome.status, run.attempts(), outcome.message)
+
+    @property
+    def home(self) -> Path:
+        """The user's launch state home (``$LAUNCH_HOME``...), where the index of runs is."""
+        return state_home(self.env.environ, self.env.cwd)
 
     def _replanner(self, spec: Spec, info: ScriptInfo) -> Callable[..., Any]:
         """The supervisor's replanner: a fixed plan from a failed one and its diagnosis."""
@@ -423,11 +432,11 @@ class Runner:
         from launcher.providers import get_provider
         from launcher.supervisor import adopt_unrecorded
 
-        run = Run.open(self.env.state_dir, run_id)
+        run = Run.open(self.env.state_dir, run_id, lambda rid: indexed_run(self.home, rid))
         info = run.info
         recorded = info.get("settings") if isinstance(info.get("settings"), dict) else {}
         settings = {**recorded, **info.get("spec", {}), "python": self.env.python,
-                    "state_dir": self.env.state_dir}
+                    "state_dir": run.path.parent.parent}  # the run's own: maybe another folder's
         provider = get_provider(info["provider"], settings, self.env.environ)
         return run, provider, adopt_unrecorded(run, provider)
 
@@ -444,6 +453,10 @@ class Runner:
                 live = provider.poll(attempt.job_id).state
             rows.append(AttemptStatus(attempt, live))
         return RunStatus(run.id, run.info.get("script"), run.info.get("provider"), rows)
+
+    def runs(self, here: bool = False) -> RunList:
+        """Every run (``here``: this folder's), newest first, as recorded: no provider asked."""
+        return list_runs(self.env.state_dir, None if here else self.home, here)
 
     def logs(self, run_id: str | None = None, number: int | None = None, follow: bool = False
              ) -> Iterator[str]:

@@ -24,6 +24,7 @@ import os
 import secrets
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, TypeVar
@@ -230,8 +231,11 @@ class Run:
         return run
 
     @classmethod
-    def open(cls, state_dir: Path, run_id: str | None) -> Run:
-        """Open a run by id, unique id prefix, or (``None``/``last``) the newest one."""
+    def open(cls, state_dir: Path, run_id: str | None,
+             elsewhere: Callable[[str], Run | None] | None = None) -> Run:
+        """Open a run by id, unique id prefix, or (``None``/``last``) the newest one. An id or
+        prefix that no run of ``state_dir`` has is asked of ``elsewhere`` (the index of every
+        run, ``launcher.run_index.indexed_run``: a run started from another folder)."""
         runs = state_dir / "runs"
         try:
             found = sorted(p for p in runs.iterdir() if p.is_dir() and p.name != "dry-run"
@@ -241,17 +245,25 @@ class Run:
 
             raise UsageError(f"cannot read the state folder {shown(runs)}: {exc.strerror}",
                              "set LAUNCH_STATE_DIR to the folder launch wrote") from None
+        if run_id is not None and run_id != "last" and not run_id.strip():
+            raise UsageError("an empty run id names no run", "see `launch runs` for run ids")
         if not found:
+            found_elsewhere = (elsewhere(run_id) if elsewhere is not None and run_id is not None
+                               and run_id != "last" else None)
+            if found_elsewhere is not None:
+                return found_elsewhere
             raise UsageError(f"no runs under {runs}", "start one with `launch SCRIPT`")
-        if run_id in (None, "last"):
-            return cls(max(found, key=_created))
-        if not run_id.strip():
-            raise UsageError("an empty run id names no run", "see `launch status` for run ids")
+        if run_id is None or run_id == "last":
+            return cls(max(found, key=created_time))
         matches = [p for p in found if p.name == run_id] or [
             p for p in found if p.name.startswith(run_id)]
+        if not matches and elsewhere is not None:
+            found_elsewhere = elsewhere(run_id)
+            if found_elsewhere is not None:
+                return found_elsewhere
         if len(matches) != 1:
             what = "no run" if not matches else "more than one run"
-            raise UsageError(f"{what} matches {run_id!r}", "see `launch status` for run ids")
+            raise UsageError(f"{what} matches {run_id!r}", "see `launch runs` for run ids")
         return cls(matches[0])
 
     @property
@@ -348,7 +360,7 @@ class Run:
             os.close(fd)
 
 
-def _created(path: Path) -> float:
+def created_time(path: Path) -> float:
     """When a run was created, as its own record says (``run.json``), not the folder's mtime: a
     clock that jumped, a `touch` or a copy must not make an old run the newest. A run without a
     readable record sorts first (oldest); its id's timestamp is the next witness."""

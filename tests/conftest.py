@@ -29,9 +29,24 @@ class Result:
         return json.loads(self.stdout)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _launch_home(tmp_path_factory: pytest.TempPathFactory):
+    """No test writes the user's real index of runs (~/.local/state/launch): every `launch`
+    started by a test, in-process or as a child, keeps it in a temporary LAUNCH_HOME (the
+    ``cli`` fixture gives each test its own)."""
+    previous = os.environ.get("LAUNCH_HOME")
+    os.environ["LAUNCH_HOME"] = str(tmp_path_factory.mktemp("launch-home"))
+    yield
+    if previous is None:
+        os.environ.pop("LAUNCH_HOME", None)
+    else:
+        os.environ["LAUNCH_HOME"] = previous
+
+
 @pytest.fixture
 def cli(tmp_path: Path):
-    """Run `launch ARGS` in-process with its state under tmp_path; returns a Result.
+    """Run `launch ARGS` in-process with its state (and its index of runs, ``LAUNCH_HOME``)
+    under tmp_path; returns a Result.
 
     Tracing is off unless a test turns it on (``environ={"LAUNCH_NO_TRACE": "0"}``): these tests
     are about the CLI and the runs, and each trace costs seconds; tests/estimate covers it.
@@ -45,7 +60,8 @@ def cli(tmp_path: Path):
         env = Environment(
             stdout=out, stderr=err, cwd=cwd or tmp_path,
             environ={**outside, "LAUNCH_STATE_DIR": str(tmp_path / "state"),
-                     "LAUNCH_NO_TRACE": "1", **(environ or {})},
+                     "LAUNCH_HOME": str(tmp_path / "home"), "LAUNCH_NO_TRACE": "1",
+                     **(environ or {})},
             python=sys.executable,
         )
         status = main(list(args), env)

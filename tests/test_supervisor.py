@@ -51,7 +51,7 @@ def test_run_then_status_and_logs(cli, tiny_recipe, tmp_path):
     status = cli("status", data["run_id"], "--json")
     assert status.status == 0
     assert status.json()["attempts"][0]["live_state"] == "succeeded"
-    logs = cli("logs", data["run_id"][:8])
+    logs = cli("logs", data["run_id"][:8], "--raw")
     assert '[rank0]:{"launch": "done"' in logs.stdout
 
 
@@ -585,7 +585,7 @@ def test_a_moved_state_folder_keeps_its_runs_and_a_deleted_one_stops_its_job(cli
     run_id = finished.json()["run_id"]
     status = cli("status", run_id, "--json", cwd=moved_done, environ=relative)
     assert status.status == 0 and status.json()["attempts"][0]["live_state"] == "succeeded"
-    logs = cli("logs", run_id, cwd=moved_done, environ=relative)
+    logs = cli("logs", run_id, "--raw", cwd=moved_done, environ=relative)
     assert logs.status == 0 and '"launch": "done"' in logs.stdout
     cancel = cli("cancel", run_id, cwd=moved_done, environ=relative)
     assert cancel.status == 0 and "nothing running" in cancel.stdout

@@ -983,7 +983,7 @@ def test_status_logs_and_cancel_of_a_sagemaker_run(tmp_path, aws_env, fake, cli,
     status = cli("status", run.id, "--json")
     assert status.status == 0, status.stderr
     assert status.json()["attempts"][0]["live_state"] == "running"
-    logs = cli("logs", run.id)
+    logs = cli("logs", run.id, "--raw")
     assert logs.status == 0, logs.stderr
     assert "[sagemaker] Training: Training image download completed." in logs.stdout
     assert '[algo-1] [local_rank0]:{"launch": "oom"' in logs.stdout

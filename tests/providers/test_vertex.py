@@ -1333,7 +1333,7 @@ def test_status_logs_and_cancel_commands_on_a_vertex_run(fake, storage_emulator,
     status = cli("status", run.id, "--json", environ=environ)
     assert status.status == 0, status.stderr
     assert status.json()["attempts"][0]["live_state"] == "running"
-    logs = cli("logs", run.id, environ=environ)
+    logs = cli("logs", run.id, "--raw", environ=environ)
     assert logs.status == 0, logs.stderr
     assert f"workerpool0-0: {metrics(0, 2)}" in logs.stdout.splitlines()
     cancel = cli("cancel", run.id, environ=environ)
