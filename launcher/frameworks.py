@@ -379,6 +379,26 @@ def own_steps(length: dict[str, Any], global_batch: int | None) -> tuple[int | N
     return None, "not known before it runs: " + (length.get("unknown") or "its loop's own")
 
 
+def plain_steps(info: Any, values: dict[str, Any]) -> dict[str, str]:
+    """A captured plain script's own length in the plan, where its options tell it (its steps
+    option, or its epochs of its loader's batches; ``own_steps``), in the script's own words
+    (``--max_iters=50``); updates ``values``. Where they do not, launch's default stays and the
+    plan says so (an empty answer)."""
+    from launcher.script_info import flag_text
+
+    if not info.length:
+        return {}
+    steps, how = own_steps(info.length, values.get("global_batch_size"))
+    if steps is None:
+        return {}
+    flag = info.flags.get("steps")
+    if flag and how.startswith("max_steps="):
+        head, comma, rest = how.partition(",")
+        how = flag_text(flag, info.length["max_steps"]) + comma + rest
+    values["steps"] = steps
+    return {"steps": f"{SCRIPT_OWN}: {how}"}
+
+
 def own_settings(kind: str, values: dict[str, Any], pinned: set[str], launch: dict[str, Any],
                  own: dict[str, str], length: dict[str, Any]) -> dict[str, str]:
     """A framework script's settings in the plan: what the user did not pin stays the script's

@@ -61,6 +61,39 @@ class ScriptInfo:
         return self.framework is None and self.framework_recipe is not None
 
 
+#: Names a script's source uses when it runs data parallelism itself (DDP, or an all-reduce of
+#: its own after ``init_process_group``), and when it shards its model (FSDP1, FSDP2).
+_DDP_NAMES = frozenset({"DistributedDataParallel", "init_process_group"})
+_FSDP_NAMES = frozenset({"FullyShardedDataParallel", "fully_shard"})
+
+
+def script_parallelism(path: Path) -> tuple[str, ...]:
+    """What a plain script does across processes by itself, read from its source without
+    running it: ``("ddp",)`` when it replicates the model (DDP, or its own all-reduce after
+    ``init_process_group``), ``("ddp", "fsdp")`` when it can also shard it (FSDP), ``()`` when
+    it is a one-process script: torchrun starting it N times would train N copies, each the
+    whole model on the whole batch. A source that does not parse does nothing."""
+    import ast
+
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, SyntaxError, RecursionError):
+        return ()
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            names.add(node.id)
+        elif isinstance(node, ast.Attribute):
+            names.add(node.attr)
+        elif isinstance(node, ast.alias):
+            names.add(node.name.rsplit(".", 1)[-1])
+        elif isinstance(node, ast.ImportFrom) and node.module and ".fsdp" in node.module:
+            names.add("fully_shard")
+    found = tuple(kind for kind, words in (("ddp", _DDP_NAMES | _FSDP_NAMES),
+                                           ("fsdp", _FSDP_NAMES)) if names & words)
+    return found
+
+
 #: Reading this variable (the plan's JSON file) reaches every setting of the plan.
 PLAN_VARIABLE = "LAUNCH_PLAN"
 

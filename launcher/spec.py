@@ -28,7 +28,7 @@ from launcher.estimate.footprint import OPTIMIZER_IMPLEMENTATIONS
 from launcher.options import ConfigKey, config_keys, option_keys
 from launcher.plan.plan import CHECKPOINTING, OPTIMIZERS, PRECISIONS, STRATEGIES
 from launcher.providers import names as provider_names
-from launcher.script_info import ScriptInfo
+from launcher.script_info import ScriptInfo, script_parallelism
 from launcher.status import UsageError
 from launcher.userfiles import CONFIG_LIMIT, read_text
 
@@ -151,6 +151,10 @@ class Spec:
     #: values to it through them.
     script_flags: dict[str, str] = dataclasses.field(default_factory=dict, hash=False)
     script_flag_values: dict[str, Any] = dataclasses.field(default_factory=dict, hash=False)
+    #: A plain script's own parallelism (``script_info.script_parallelism``): () runs one
+    #: process, ("ddp",) replicates, ("ddp", "fsdp") can shard; None for a recipe or a
+    #: framework script, which launch parallelises itself.
+    script_parallelism: tuple[str, ...] | None = None
 
     def args_for(self, plan: Any) -> tuple[str, ...]:
         """The script's arguments for ``plan``: its own, with each learned flag set to the plan's
@@ -391,6 +395,8 @@ def build_spec(options: dict[str, Any], info: ScriptInfo,
     values["captured"] = info.captured
     values["script_flags"] = dict(info.flags)
     values["script_flag_values"] = dict(info.flag_values)
+    if info.mode == "script" and info.framework is None and info.path.is_file():
+        values["script_parallelism"] = script_parallelism(info.path)
     values["global_batch_given"] = "global_batch_size" in labels
     values["origins"], values["pinned"] = _origins(values, options, labels, info)
     spec = Spec(**values)
@@ -422,21 +428,10 @@ def _origins(values: dict[str, Any], options: Mapping[str, Any], labels: Mapping
         for key in info.launch:
             if key not in pinned:
                 origins[key] = SCRIPT_OWN + (f": {info.own[key]}" if info.own.get(key) else "")
-        if info.framework is None and "steps" not in pinned and info.length:
-            from launcher.frameworks import own_steps
+        if info.framework is None and "steps" not in pinned:
+            from launcher.frameworks import plain_steps
 
-            # the plan prices the script's own length where its options tell it; where they
-            # do not, launch's default stays, and says so
-            steps, how = own_steps(info.length, values.get("global_batch_size"))
-            if steps is not None:
-                flag = info.flags.get("steps")
-                if flag and how.startswith("max_steps="):  # in the script's own words
-                    from launcher.script_info import flag_text
-
-                    how = flag_text(flag, info.length["max_steps"]) + how.partition(",")[1] + \
-                        how.partition(",")[2]
-                values["steps"] = steps
-                origins["steps"] = f"{SCRIPT_OWN}: {how}"
+            origins.update(plain_steps(info, values))
     if info.framework is not None:
         from launcher.frameworks import own_settings
 

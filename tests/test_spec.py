@@ -62,11 +62,17 @@ def plan(cli, script: Path, *args: str, **kwargs):
 # -- the config file: keys --------------------------------------------------------------------
 
 
+#: Options that are never config keys: a file cannot say yes to spending for the person who
+#: runs `launch` (`--yes` is given on the command line, as CI does).
+NOT_CONFIG = ("as_json", "debug", "yes")
+
+
 def test_config_keys_are_the_options_and_the_provider_settings():
     keys = config_keys()
+    assert "yes" not in keys
     for name in ("run", "plan", "doctor"):
         for param in launch_group.commands[name].params:
-            if isinstance(param, click.Option) and param.name not in ("as_json", "debug"):
+            if isinstance(param, click.Option) and param.name not in NOT_CONFIG:
                 flag = next(o for o in param.opts if o.startswith("--"))
                 assert flag[2:].replace("-", "_") in keys, flag
     for field in dataclasses.fields(SageMakerSettings):
@@ -89,7 +95,7 @@ def test_the_click_options_are_the_tables_options():
     keys = config_keys()
     for name in ("run", "plan", "doctor"):
         for param in launch_group.commands[name].params:
-            if isinstance(param, click.Option) and param.name not in ("as_json", "debug"):
+            if isinstance(param, click.Option) and param.name not in NOT_CONFIG:
                 key = keys[next(o for o in param.opts if o.startswith("--"))[2:].replace("-", "_")]
                 assert (key.kind, key.param) == (_kind(param), param.name), key
 

@@ -176,6 +176,9 @@ def ladder(spec: Spec, target: Target, provider: str, can_checkpoint: bool) -> I
         [] if spec.strategy else (["hybrid_shard", "fsdp"] if base_nodes > 1 else ["fsdp"]))
     if provider == "local":
         sharded = [s for s in sharded if s in RUNNABLE_STRATEGIES]
+    shards_itself = not bounded(spec) or "fsdp" in (spec.script_parallelism or ())
+    if not shards_itself and not spec.strategy:
+        sharded = []  # a plain script that does not shard is never planned as if it did
 
     def as_asked(level: int) -> Iterator[Rung]:
         if base not in SHARDED:
@@ -208,7 +211,7 @@ def ladder(spec: Spec, target: Target, provider: str, can_checkpoint: bool) -> I
                 yield from sharded_on(level, base_nodes, strategy)
 
     def more_nodes(level: int) -> Iterator[Rung]:
-        if spec.nodes is None and target.max_nodes > 1 and not spec.strategy:
+        if spec.nodes is None and target.max_nodes > 1 and not spec.strategy and shards_itself:
             for nodes in (2, 4, 8, 16):
                 if nodes > target.max_nodes:
                     break
@@ -284,6 +287,10 @@ def plan_on(spec: Spec, estimator: Estimator, target: Target, provider: str,
     gpus = spec.gpus_per_node or target.gpus
     if gpus > target.gpus:
         raise UsageError(f"--gpus-per-node {gpus}, but {target.name} has {target.gpus} GPUs")
+    if one_process(spec) and spec.gpus_per_node is None and gpus > 1:
+        if provider != "local":
+            return None, [], []  # its other GPUs would be paid for and idle
+        gpus = 1  # this machine's first GPU
     precision = spec.precision or "fp32"
     optimizer = spec.optimizer or "adamw"
     evaluated: list[Plan] = []
@@ -363,6 +370,50 @@ def _states_overflow(candidate: Plan) -> bool:
     return states is not None and states > (candidate.memory.capacity or 0)
 
 
+def bounded(spec: Spec) -> bool:
+    """Whether the plan keeps to a plain script's own parallelism: a script launch captured
+    runs as it is, so what it does across processes is what it gets. A script described by
+    ``--params`` or ``--model-config`` is planned as described (the seeds' 30B on SageMaker),
+    with a note where its source shows no parallelism for the plan's processes."""
+    return spec.script_parallelism is not None and spec.captured
+
+
+def one_process(spec: Spec) -> bool:
+    """A captured plain script that runs no parallelism of its own: started N times, it would
+    train N copies. It gets one process (one GPU)."""
+    return bounded(spec) and "ddp" not in (spec.script_parallelism or ())
+
+
+def _parallelism_notes(spec: Spec, provider: str, chosen: Plan | None) -> list[str]:
+    """What a plain script's own parallelism left out of the plan, and, when nothing fitted,
+    what the script would have to change: said, never pretended."""
+    if spec.script_parallelism is None:
+        return []
+    name = spec.script.name
+    own = spec.script_parallelism
+    if not spec.captured:  # described: planned as described, said where the source disagrees
+        if chosen is None or chosen.nodes * chosen.gpus_per_node == 1:
+            return []
+        needs = "fsdp" if chosen.strategy in ("fsdp", "hybrid_shard") else "ddp"
+        if needs in own or chosen.strategy == "smp_v2":
+            return []
+        what = "shard its model (FSDP)" if needs == "fsdp" else "run DDP"
+        return [f"{name} shows no code to {what}: the plan starts it as "
+                f"{chosen.nodes * chosen.gpus_per_node} processes (torchrun) as --params "
+                "describes it; as written it would train that many copies"]
+    notes = []
+    if one_process(spec):
+        notes.append(f"{name} runs one process (no DDP or FSDP of its own): planned on one GPU"
+                     + ("" if provider == "local" else
+                        "; machines of several GPUs are left out (the others would idle)"))
+    if chosen is None and "fsdp" not in own:
+        notes.append(f"no single GPU holds this model and {name} does not shard it: to train "
+                     "it on several, it must wrap its model in FSDP (torch.distributed.fsdp."
+                     "fully_shard) and be started by torchrun; launch does not change the "
+                     "script's code")
+    return notes
+
+
 def plan(spec: Spec, estimator: Estimator, targets: list[Target], provider: str, *,
          parameters: int | None, source: str, can_checkpoint: bool) -> PlanResult:
     chosen: Plan | None = None
@@ -417,6 +468,7 @@ def plan(spec: Spec, estimator: Estimator, targets: list[Target], provider: str,
                    if spec.memory_limit and chosen.machine == "local-cpu"
                    else f"unknown: {', '.join(unknown)}")
             notes.append(f"whether the chosen plan fits is not certain ({why})")
+    notes += _parallelism_notes(spec, provider, chosen)
     foot_note = estimator(spec.precision or "fp32", spec.optimizer or "adamw", False).note
     if foot_note:
         notes.append(foot_note)
