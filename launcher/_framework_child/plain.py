@@ -69,10 +69,13 @@ def patch_plain() -> None:
             return _repeated(repeats, module_call, self, args, kwargs)
         if depth[0] or not torch.is_grad_enabled():
             return module_call(self, *args, **kwargs)
-        if STATE.get("measure") and "measured_model" not in STATE and any(
-                True for _ in self.parameters()):
-            STATE["measured_model"] = self
-            start_profile()  # from the loop's first forward on
+        if STATE.get("measure"):
+            if "measured_model" not in STATE and any(True for _ in self.parameters()):
+                STATE["measured_model"] = self
+                start_profile()  # from the loop's first forward on
+            # measured, not captured: nothing of the step is kept, or the measurement would
+            # hold a batch and an output the script itself had let go (786,560 B on a ResNet)
+            return module_call(self, *args, **kwargs)
         if autocasts and autocasts[-1] is not None:
             STATE["plain_autocast"] = autocasts[-1]  # the loop's forward runs under it
         depth[0] += 1
@@ -90,7 +93,8 @@ def patch_plain() -> None:
     inside = [False]
 
     def recording_backward(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        if not inside[0] and not ANSWER["reached"] and not STATE.get("capturing"):
+        if (not inside[0] and not ANSWER["reached"] and not STATE.get("capturing")
+                and not STATE.get("measure")):
             # the last backward before the first step: it belongs with the model's last call
             # (an accumulating loop makes several, each of its own micro-batch's output); not
             # one the capture itself runs, nor the re-entry a torch function mode makes

@@ -606,12 +606,15 @@ def test_a_nanogpt_style_script_is_traced_from_its_module_level_settings(runs: R
 @pytest.mark.parametrize("name", ["mnist", "nanogpt"])
 def test_the_traced_peak_is_near_the_scripts_own_steps(runs: Runs, name: str) -> None:
     """The traced peak at the script's own batch against its own first two optimizer steps
-    (the CPU allocator's record, ``frameworks.measure_step``). At the time of writing: mnist
-    -3.7%, nanoGPT -6.7% (bench/bench_plain.py); what is left is the loop's own (the next batch
-    it fetched, its ``get_batch`` copies), which the traced step does not run."""
+    (the CPU allocator's record, ``frameworks.measure_step``), within the issue's -3%..+5% for
+    nanoGPT (-0.11% in bench/bench_plain.py: the -6.7% before was the capture keeping step 1's
+    logits and batch alive through the measurement). mnist's -3.7% is the CPU plan's
+    extrapolation from micro-batches 1, 2 and 4, whose kernel scratch does not grow with the
+    batch (a GPU plan has no such probes): within 10% here, the bench records it."""
     traced = runs.json(name)["chosen"]["memory"]["peak_allocated"]
     real = runs.futures[f"{name}_real"].result()["peak_allocated"]
-    assert abs(traced - real) / real < 0.10, (traced, real)
+    low, high = (-0.03, 0.05) if name == "nanogpt" else (-0.10, 0.10)
+    assert low <= (traced - real) / real <= high, (traced, real)
 
 
 def test_with_flags_replaces_or_appends_the_learned_flag() -> None:
