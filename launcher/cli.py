@@ -387,9 +387,10 @@ def _finish(env: Environment, out: Any, result: RunResult, as_json: bool) -> Non
     if as_json:
         _print_json(env, result.to_dict())
     else:
-        print_summary(out, result.run_id, "succeeded" if status == ExitStatus.SUCCESS else
-                      f"{status.name.lower().replace('_', ' ')}", result.summary,
-                      len(result.attempts))
+        word = ("succeeded" if status == ExitStatus.SUCCESS
+                else "cancelled" if result.message.endswith("was cancelled")
+                else status.name.lower().replace("_", " "))
+        print_summary(out, result.run_id, word, result.summary, len(result.attempts))
         if result.message:
             out.print(f"  {result.message}")
     if status != ExitStatus.SUCCESS:
@@ -586,7 +587,11 @@ def attach_command(run_id: str | None, as_json: bool, debug: bool) -> None:
 
     env = _env()
     out = console(env.stdout if not as_json else env.stderr)
-    result = Runner(env).attach(run_id, on_line=_echo(out, as_json))
+    try:
+        result = Runner(env).attach(run_id, on_line=_echo(out, as_json))
+    except RunInterrupted as stop:  # Ctrl-C: how to follow it again, as `run` says it
+        _interrupted(env, stop)
+        raise
     _finish(env, out, result, as_json)
 
 

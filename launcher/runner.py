@@ -489,7 +489,15 @@ class Runner:
             raise UsageError(f"run {run.id} has no submitted attempt")
         supervisor = Supervisor(provider, run, on_line=on_line, on_note=_ignore)
         attempt = attempts[-1]
-        supervisor.follow(attempt)
+        try:
+            supervisor.follow(attempt)
+        except KeyboardInterrupt as exc:  # detached again: the job goes on, as after `run`
+            raise RunInterrupted(run.id, None, interrupt_status(exc)) from exc
+        # As `run` ends on the same outcome, and as `status` then shows it: a job cancelled
+        # from elsewhere is an interruption, not a failure.
+        if attempt.outcome == Outcome.CANCELLED:
+            return RunResult(run, ExitStatus.INTERRUPTED, run.attempts(),
+                             f"attempt {attempt.number} was cancelled")
         status = (ExitStatus.SUCCESS if attempt.outcome == Outcome.SUCCESS
                   else ExitStatus.OUT_OF_MEMORY if attempt.outcome == Outcome.OOM
                   else ExitStatus.JOB_FAILED)

@@ -249,6 +249,42 @@ def test_ctrl_c_detaches_and_attach_follows_to_the_end(cli, write_script, tmp_pa
     assert result.json()["summary"]["steps"] == 8
 
 
+def test_attach_agrees_with_cancel_and_status_and_ctrl_c_on_attach_says_how_to_reattach(
+        cli, write_script, tmp_path):
+    """Issue 29: a run detached, re-attached, then cancelled from another shell: `attach`
+    printed `job failed` and exited 1 while `status` said cancelled; Ctrl-C on `attach` said
+    only "launch: interrupted". Now attach ends as `run` would (cancelled, 130) and a Ctrl-C on
+    it says how to follow the job again."""
+    script = write_script(SLOW_RECIPE)
+    state = tmp_path / "state"
+    proc = _launch_subprocess(script, state, "--steps", "400")
+    run_dir = _wait_for_run(state)
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=60)
+    env = {**os.environ, "LAUNCH_STATE_DIR": str(state), "LAUNCH_NO_TRACE": "1"}
+
+    def attach() -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-m", "launcher.cli", "attach", run_dir.name],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=env, cwd=str(script.parent))
+
+    first = attach()
+    time.sleep(3)  # following
+    first.send_signal(signal.SIGINT)
+    _out, err = first.communicate(timeout=60)
+    assert first.returncode == ExitStatus.INTERRUPTED, err
+    assert f"launch attach {run_dir.name}" in err and "the job goes on" in err
+    second = attach()
+    time.sleep(3)
+    assert cli("cancel", run_dir.name).status == 0
+    out, err = second.communicate(timeout=60)
+    assert second.returncode == ExitStatus.INTERRUPTED, (out, err)
+    assert "cancelled" in out and "job failed" not in out, out
+    status = cli("status", run_dir.name, "--json").json()
+    assert status["attempts"][0]["live_state"] == "cancelled"
+    assert status["attempts"][0]["outcome"] == "cancelled"
+
+
 def test_cancel_from_another_process(cli, write_script, tmp_path):
     script = write_script(SLOW_RECIPE)
     state = tmp_path / "state"
