@@ -45,7 +45,7 @@ def example_batch(batch_size):
 def training_step(model, batch):
     CALLS[0] += 1
     for i in range(20000):  # about 4 MB of log per micro-step, a line at a time
-        print(f"step line {{i:06d}} " + LINE[:185], end="", flush=False)
+        print(f"step line {{i:06d}} " + LINE[:185], flush=False)  # 200 bytes with its newline
     if CALLS[0] == 12 and os.environ.get("RANK", "0") == "{oom_rank}":
         with open({stamp!r}, "w") as out:
             out.write(repr(time.time()))
@@ -62,10 +62,12 @@ def run(ranks: int, folder: Path, view: bool = False, terminal_mbps: float = 0.0
     script.write_text(RECIPE.format(ranks=ranks, oom_rank=ranks - 1, stamp=str(stamp)))
     state = folder / f"state-{ranks}"
     env = {**os.environ, "LAUNCH_STATE_DIR": str(state), "LAUNCH_NO_TRACE": "1",
+           "LAUNCH_HOME": str(folder / "home"),  # the runs index: not the user's
            "PYTHONUNBUFFERED": "1"}  # a terminal is line-buffered; a pipe would hold lines back
     launch = Path(sys.executable).parent / "launch"
     command = [str(launch), str(script), "--gpus-per-node", str(ranks), "--max-attempts", "1"]
     said = None
+    shown = 0
     if view:  # under a pseudo-terminal, as a person runs it: rich renders for a terminal
         import pty
         import select
@@ -75,6 +77,7 @@ def run(ranks: int, folder: Path, view: bool = False, terminal_mbps: float = 0.0
             **env, "COLUMNS": "100", "TERM": "xterm-256color"}, cwd=folder)
         os.close(tty_fd)
         tail = b""
+        shown = 0
         while True:  # drained as fast as a terminal would take it
             ready, _, _ = select.select([main_fd], [], [], 0.5)
             if not ready:
@@ -87,6 +90,7 @@ def run(ranks: int, folder: Path, view: bool = False, terminal_mbps: float = 0.0
                 break
             if not chunk:
                 break
+            shown += len(chunk)
             tail = (tail + chunk)[-4096:]
             if said is None and b"out of memory" in tail:
                 said = time.time()
@@ -113,6 +117,7 @@ def run(ranks: int, folder: Path, view: bool = False, terminal_mbps: float = 0.0
            "launch_done_after_oom_s": round(finished - raised, 2), "log_mb": round(log_mb, 1)}
     if view:
         row["terminal_mbps"] = terminal_mbps or None
+        row["shown_mb"] = round(shown / 1e6, 1)
         row["said_after_oom_s"] = None if said is None else round(said - raised, 2)
     return row
 

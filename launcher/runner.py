@@ -216,7 +216,7 @@ class Runner:
         from launcher.preflight import preflight
         from launcher.providers import PLANNED, REGISTRY, get_provider
         from launcher.recipe import classify, inspect_script
-        from launcher.script_info import flag_notes
+        from launcher.script_info import flag_notes, plain_reads, unseen_settings, unseen_words
         from launcher.spec import SCRIPT_ARGS_LABEL, build_spec, check_options, refuse_recipe_args
 
         env = self.env
@@ -278,14 +278,14 @@ class Runner:
         if spec.script_flags and result.chosen is not None:
             spec = replace(spec, script_args=spec.args_for(result.chosen))
         result.notes.extend(flag_notes(spec.script.name, spec.script_flags, result.chosen,
-                                       _plain_reads(spec) or frozenset()))
+                                       plain_reads(spec) or frozenset()))
         if provider_error:
             result.notes.append(f"no {name} request: {provider_error}")
-        unseen = _unseen_settings(spec)
+        unseen = unseen_settings(spec)
         if unseen:
             result.notes.append(
                 f"{spec.script.name} reads none of {', '.join(unseen)} (nor LAUNCH_PLAN): the "
-                f"plan's {_unseen_words(unseen)} not reach it, and an "
+                f"plan's {unseen_words(unseen)} not reach it, and an "
                 "out-of-memory failure will not be resubmitted with a change it cannot see")
         return PlannedRun(spec, info, result, provider, settings=_recordable(options))
 
@@ -397,6 +397,7 @@ class Runner:
         from launcher import remedies
         from launcher.options import env_flag
         from launcher.remedies import replan, retrace
+        from launcher.script_info import plain_reads
 
         can_checkpoint = remedies.can_checkpoint(info.hooks)
         # A recipe can be re-traced at the shapes a job died at (data that grew partway
@@ -406,7 +407,7 @@ class Runner:
         measure = retrace(str(traceable)) if traceable is not None and not env_flag(
             self.env.environ, "LAUNCH_NO_TRACE") else None
 
-        reads = _plain_reads(spec)
+        reads = plain_reads(spec)
 
         def fix(plan: Any, failure: Any) -> Any:
             return replan(plan, failure, can_checkpoint=can_checkpoint, measure=measure,
@@ -556,37 +557,6 @@ def _log_lines(provider: Provider, job_id: str, follow: bool) -> Iterator[str]:
             break
         if not lines:
             time.sleep(0.2)
-
-
-def _plain_reads(spec: Spec) -> frozenset[str] | None:
-    """The ``LAUNCH_*`` variables a plain script reads, or whose setting its own flag carries
-    (``Spec.script_flags``, learned from its argparse: ``--batch-size`` reaches it as
-    ``LAUNCH_MICRO_BATCH_SIZE`` would); ``None`` for a recipe or a framework script, which the
-    plan reaches whole (rendered, or through the framework's settings)."""
-    from launcher.script_info import flag_variables, launch_variables
-
-    if spec.mode != "script" or spec.framework is not None or spec.script.name == NO_SCRIPT.name:
-        return None
-    return launch_variables(spec.script) | flag_variables(spec.script_flags)
-
-
-def _unseen_settings(spec: Spec) -> list[str]:
-    """The variables of the plan's remedies that a plain script reads none of (empty when it
-    reads the plan, or is no plain script)."""
-    from launcher.remedies import REACHED_BY
-
-    reads = _plain_reads(spec)
-    if reads is None or "LAUNCH_PLAN" in reads:
-        return []
-    return [v for carriers in REACHED_BY.values() if not set(carriers) & reads for v in carriers]
-
-
-def _unseen_words(unseen: list[str]) -> str:
-    """``micro-batch, accumulation and checkpointing do`` for the settings ``unseen`` carry
-    (a script with its own batch flag still misses checkpointing: ``checkpointing does``)."""
-    if "LAUNCH_MICRO_BATCH_SIZE" in unseen:
-        return "micro-batch, accumulation and checkpointing do"
-    return "checkpointing does"
 
 
 def _recordable(options: Mapping[str, Any]) -> dict[str, Any]:

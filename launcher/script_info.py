@@ -168,7 +168,7 @@ def flag_variables(flags: dict[str, str]) -> frozenset[str]:
 def flag_notes(name: str, flags: dict[str, str], plan: Any, reads: frozenset[str]) -> list[str]:
     """Which of the plan's settings a plain script's own flags carry, in the plan's words, and
     what a micro-batch without an accumulation flag means for it (``reads``: the variables it
-    reads, ``runner._plain_reads``)."""
+    reads, ``plain_reads``)."""
     words = {"micro_batch_size": "micro-batch", "grad_accum_steps": "accumulation",
              "steps": "steps"}
     notes = [f"{words[k]} -> {flag + 'N' if flag.endswith('=') else flag} (the script's own "
@@ -180,3 +180,32 @@ def flag_notes(name: str, flags: dict[str, str], plan: Any, reads: frozenset[str
                      "process, not "
                      f"the plan's {plan.grad_accum_steps} micro-batches a step")
     return notes
+
+
+def plain_reads(spec: Any) -> frozenset[str] | None:
+    """The ``LAUNCH_*`` variables a plain script reads, or whose setting its own flag carries
+    (``Spec.script_flags``, learned from its argparse: ``--batch-size`` reaches it as
+    ``LAUNCH_MICRO_BATCH_SIZE`` would); ``None`` for a recipe or a framework script, which the
+    plan reaches whole (rendered, or through the framework's settings)."""
+    if spec.mode != "script" or spec.framework is not None or not spec.script.is_file():
+        return None
+    return launch_variables(spec.script) | flag_variables(spec.script_flags)
+
+
+def unseen_settings(spec: Any) -> list[str]:
+    """The variables of the plan's remedies that a plain script reads none of (empty when it
+    reads the plan, or is no plain script)."""
+    from launcher.remedies import REACHED_BY
+
+    reads = plain_reads(spec)
+    if reads is None or "LAUNCH_PLAN" in reads:
+        return []
+    return [v for carriers in REACHED_BY.values() if not set(carriers) & reads for v in carriers]
+
+
+def unseen_words(unseen: list[str]) -> str:
+    """``micro-batch, accumulation and checkpointing do`` for the settings ``unseen`` carry
+    (a script with its own batch flag still misses checkpointing: ``checkpointing does``)."""
+    if "LAUNCH_MICRO_BATCH_SIZE" in unseen:
+        return "micro-batch, accumulation and checkpointing do"
+    return "checkpointing does"
