@@ -295,10 +295,7 @@ def training_step(model: torch.nn.Module, batch: Any) -> torch.Tensor:
     if step["kind"] == "lightning":
         # Lightning's closure calls zero_grad after training_step, before backward: the last
         # step's gradients are alive during this forward (the launch loop has dropped them).
-        held = [torch.empty_like(p) for p in model.parameters()
-                if p.requires_grad and p.grad is None]
-        if len(held) < sum(1 for p in model.parameters() if p.requires_grad):
-            held = []  # accumulating: the gradients are there already
+        held = _last_gradients(model)
         out = model(batch, 0)
         del held
         if isinstance(out, Mapping):
@@ -318,9 +315,13 @@ def training_step(model: torch.nn.Module, batch: Any) -> torch.Tensor:
             _HELD.clear()
         ghost = [] if _HELD else [torch.empty(_rows(shape, rows), dtype=getattr(torch, dtype))
                                   for shape, dtype in step["held_output"]]
+    # a loop that zeroes its gradients after its forward runs each forward with the last
+    # step's gradients still allocated, as Lightning's closure does
+    grads = _last_gradients(model) if step.get("grads_through_forward") else []
     # a plain script's model is called with the inputs its loop called it with
     out = (model(*batch["args"], **batch["kwargs"]) if plain
            else _call(model, batch, step.get("call") or {}))
+    del grads
     if holds:
         del ghost
         _HELD[:] = [rows, out]
@@ -333,6 +334,15 @@ def training_step(model: torch.nn.Module, batch: Any) -> torch.Tensor:
                               target, bool(step.get("flatten")))
     loss = _output_loss(out) if how == "model" else None
     return loss if loss is not None else _output_tensor(out).float().sum()
+
+
+def _last_gradients(model: torch.nn.Module) -> list[torch.Tensor]:
+    """Stand-ins for the last step's gradients, held through a forward, where the launch loop
+    has dropped them (none when it is accumulating: the gradients are there already)."""
+    held = [torch.empty_like(p) for p in model.parameters() if p.requires_grad and p.grad is None]
+    if len(held) < sum(1 for p in model.parameters() if p.requires_grad):
+        return []
+    return held
 
 
 def _rows(shape: list[int], batch_size: int) -> list[int]:

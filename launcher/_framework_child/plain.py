@@ -58,6 +58,12 @@ def patch_plain() -> None:
     #: a top-level call without gradients before the first step (an evaluation: nanoGPT's
     #: estimate_loss runs 2 x eval_iters forwards first), by module and input shapes
     repeats: dict[tuple, Any] = {}
+    #: the loop's forwards and zero_grads in order: one after the last forward keeps the last
+    #: step's gradients alive through the next forward (pytorch/examples' imagenet)
+    order: list[str] = []
+    STATE["plain_order"] = order
+    for owner in (torch.optim.Optimizer, torch.nn.Module):
+        _record_zero_grad(owner, order)
     record_loaders()
     calls: dict[int, tuple[torch.nn.Module, tuple, dict, Any]] = {}
     STATE["plain_calls"] = calls
@@ -78,6 +84,7 @@ def patch_plain() -> None:
             return module_call(self, *args, **kwargs)
         if autocasts and autocasts[-1] is not None:
             STATE["plain_autocast"] = autocasts[-1]  # the loop's forward runs under it
+        order.append("forward")
         depth[0] += 1
         try:
             out = module_call(self, *args, **kwargs)
@@ -138,6 +145,28 @@ def _patch_cuda() -> None:
     torch.Tensor.cuda = lambda self, *a, **k: self  # type: ignore[method-assign]
     torch.cuda.synchronize = lambda device=None: None
     _OnTheCpu().__enter__()  # for the rest of the script: the capture ends the process
+
+
+def _record_zero_grad(owner: type, order: list[str]) -> None:
+    zero_grad = owner.zero_grad
+
+    def recording_zero_grad(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not ANSWER["reached"] and not STATE.get("measure"):
+            order.append("zero_grad")
+        return zero_grad(self, *args, **kwargs)
+
+    owner.zero_grad = recording_zero_grad  # type: ignore[method-assign]
+
+
+def _grads_through_forward() -> bool:
+    """Whether the loop zeroes its gradients after its forward (``output = model(x);
+    optimizer.zero_grad(); loss.backward()``): then every forward but the first runs with the
+    last step's gradients still allocated."""
+    order = STATE.get("plain_order") or []
+    if "forward" not in order:
+        return False
+    last = len(order) - 1 - order[::-1].index("forward")
+    return "zero_grad" in order[last + 1:]
 
 
 def _repeated(repeats: dict[tuple, Any], call: Any, module: torch.nn.Module, args: tuple,
@@ -299,6 +328,8 @@ def _capture(optimizer: torch.optim.Optimizer) -> None:
     rows = _rows(batch)
     step: dict[str, Any] = {"kind": "plain"}
     step.update(_loss(out, rows, batch))
+    if _grads_through_forward():
+        step["grads_through_forward"] = True
     # the largest batch the loop's DataLoader makes, where its batches vary in shape
     batch = bounded_inputs(batch)
     if _loop_binds_output(STATE["script"]):
