@@ -103,8 +103,11 @@ def _definitions() -> types.ModuleType:
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
     module = types.ModuleType(_SCRIPT_MODULE)  # its classes' __module__
     module.__file__ = str(path)
-    # the plain values the script's globals held when it was captured (computed ones included)
-    module.__dict__.update(_capture().get("constants") or {})
+    # the plain values the script's globals held when it was captured (computed ones included);
+    # a device is the trace's: the step is traced on the CPU, emulating the target's GPU
+    module.__dict__.update({
+        name: torch.device("cpu") if isinstance(value, dict) and "torch.device" in value
+        else value for name, value in (_capture().get("constants") or {}).items()})
     for node in tree.body:
         kept = isinstance(node, (ast.Import, ast.ImportFrom, ast.FunctionDef,
                                  ast.AsyncFunctionDef, ast.ClassDef))

@@ -213,6 +213,10 @@ def finish(model: torch.nn.Module, batch: Any, step: dict[str, Any]) -> None:
     write_answer()
 
 
+#: How a module-level ``torch.device`` is written in ``constants`` (JSON has no device).
+DEVICE_CONSTANT = "torch.device"
+
+
 def _constants() -> dict[str, Any]:
     """The script's module-level names bound to plain values when training started
     (``SCRATCH = 96 * 2**20``, ``AFTER = int(os.environ[...])``): the recipe rebuilds the script's
@@ -228,4 +232,6 @@ def _constants() -> dict[str, Any]:
                 isinstance(value, (tuple, list)) and len(value) <= 64
                 and all(isinstance(v, (bool, int, float)) for v in value)):
             found[name] = value
+        elif isinstance(value, torch.device):  # `device = torch.device(...)` a forward reads
+            found[name] = {DEVICE_CONSTANT: str(value)}
     return found

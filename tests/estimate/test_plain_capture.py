@@ -365,6 +365,35 @@ for epoch in range(args.epochs):
         optimizer.step()
 '''
 
+#: The PyTorch transformer tutorial's habit: a module-level ``device`` that the model's forward
+#: reads (the recipe rebuilds the script's classes without running it).
+DEVICE_GLOBAL = '''
+import torch
+import torch.nn as nn
+
+device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+class PositionalEncoding(nn.Module):
+    def __init__(self, d_model):
+        super().__init__()
+        self.proj = nn.Linear(d_model, d_model)
+
+    def forward(self, x):
+        positions = torch.arange(x.size(1), device=device).float().unsqueeze(-1)
+        return self.proj(x + positions)
+
+
+model = PositionalEncoding(32).to(device)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(3):
+    x = torch.randn(8, 16, 32, device=device)
+    loss = model(x).pow(2).mean()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+'''
+
 #: nanoGPT as it is: its settings are module-level globals that configurator.py (below, nanoGPT's
 #: own, verbatim) sets from ``--key=value`` arguments; a bare word is a config file to exec.
 NANOGPT_CONFIGURATOR = NANOGPT.replace(
@@ -515,6 +544,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runs]:
     r.plan("mnist_32", MNIST, "--micro-batch-size", "16", "--", "--batch-size", "32")
     r.plan("on_a_gpu", ON_A_GPU)
     r.plan("zero_after", ZERO_AFTER_FORWARD)
+    r.plan("device_global", DEVICE_GLOBAL)
     r.futures["zero_after_real"] = r.pool.submit(measure_step, r.scripts["zero_after"],
                                                  Detected("plain"))
     r.plan("nanogpt_as_is", NANOGPT_CONFIGURATOR, "--micro-batch-size", "4", "--",
@@ -668,6 +698,13 @@ def test_a_loop_that_zeroes_after_its_forward_holds_the_last_gradients_through_i
     mnist = json.loads(next((runs.dir / "mnist" / "state" / "framework_recipes").glob(
         "*/capture.json")).read_text())
     assert "grads_through_forward" not in mnist["step"]
+
+
+def test_a_module_level_device_the_forward_reads_is_rebuilt_for_the_trace(runs: Runs) -> None:
+    """It failed with NameError: device (the recipe kept only plain constants)."""
+    data = runs.json("device_global")
+    assert data["model"]["source"] == "traced"
+    assert data["model"]["parameters"] == 32 * 32 + 32
 
 
 def test_with_flags_replaces_or_appends_the_learned_flag() -> None:
