@@ -399,13 +399,23 @@ def _finish(env: Environment, out: Any, result: RunResult, as_json: bool) -> Non
 
 @cli.command("explain")
 @click.argument("log")
-@click.option("--platform", type=click.Choice([*CLOUDS, "local"]),
-              help="Where the log comes from (a bare SIGKILL means host OOM on the clouds).")
+@click.option("--provider", type=click.Choice([*CLOUDS, "local"]),
+              help="Where the log comes from (a bare SIGKILL means host OOM on the clouds); "
+                   "not read from LAUNCH_PROVIDER: a log may come from anywhere.")
+@click.option("--platform", type=click.Choice([*CLOUDS, "local"]), hidden=True,
+              help="Deprecated: --provider.")
 @common
-def explain_command(log: str, platform: str | None, as_json: bool, debug: bool) -> None:
+def explain_command(log: str, provider: str | None, platform: str | None, as_json: bool,
+                    debug: bool) -> None:
     """Read a training log (a file, or - for stdin): what failed, why, and what to change."""
     env = _env()
-    diagnosis = Runner(env).explain(log, platform)
+    if platform is not None:  # the name it had before every command said --provider
+        if provider not in (None, platform):
+            raise UsageError(f"--provider {provider} and --platform {platform} disagree",
+                             "--platform is the old name of --provider: pass --provider alone")
+        provider = platform
+        env.stderr.write("launch: note: --platform is deprecated; it is --provider now\n")
+    diagnosis = Runner(env).explain(log, provider)
     data = diagnosis.to_dict()
     if as_json:
         _print_json(env, data)
@@ -432,24 +442,63 @@ def explain_command(log: str, platform: str | None, as_json: bool, debug: bool) 
 
 
 @cli.command("machines")
-@click.option("--provider", envvar="LAUNCH_PROVIDER", default="vertex", show_default=True,
-              help=f"Whose catalog: {either(CLOUDS)}.")
-@click.option("--gpu", help="Only machines with this GPU (e.g. A100-80GB, H100, L4).")
+@click.option("--provider", envvar="LAUNCH_PROVIDER",
+              help=f"Whose catalog: {either(CLOUDS)} (default: every cloud's).")
+@click.option("--gpu", help="Only machines with this GPU or GPU family, any case (e.g. "
+                            "A100-80GB; H100 or A100: each variant of the family; L4).")
 @common
-def machines_command(provider: str, gpu: str | None, as_json: bool, debug: bool) -> None:
-    """The GPU machines a cloud offers, with GPU memory and price per hour."""
+def machines_command(provider: str | None, gpu: str | None, as_json: bool, debug: bool) -> None:
+    """The GPU machines a cloud offers, with GPU memory and price per hour.
+
+    Without --provider, every cloud's catalog, one table each: `local` (the default of the
+    other commands) has no catalog, so LAUNCH_PROVIDER=local lists every cloud's too, and
+    only `--provider local` is refused."""
     from dataclasses import asdict
 
+    from click.core import ParameterSource
+
     env = _env()
-    machines = Runner(env).machines(provider, gpu)
-    if as_json:
-        _print_json(env, {"provider": provider, "machines": [asdict(m) for m in machines]})
+    from_env = click.get_current_context().get_parameter_source("provider")
+    providers = ((provider,) if provider is not None and not (
+        provider == "local" and from_env == ParameterSource.ENVIRONMENT) else CLOUDS)
+    names = _gpu_family(gpu) if gpu else None
+    listed = {p: [m for m in Runner(env).machines(p, None if names else gpu)
+                  if names is None or m.gpu in names] for p in providers}
+    if as_json:  # "provider": the one asked for, null for every cloud's ("providers" says)
+        data: dict[str, Any] = {"provider": providers[0] if len(providers) == 1 else None,
+                                "providers": list(providers),
+                                "machines": [asdict(m) for p in providers for m in listed[p]]}
+        if gpu:
+            data["gpus"] = sorted({m.gpu for p in providers for m in listed[p]})
+        _print_json(env, data)
         return
+    out = None
+    for p in providers:
+        out = _machines_table(env, out, p, listed[p])
+
+
+def _gpu_family(query: str) -> list[str]:
+    """The catalog's GPU names that ``query`` means, any case: the name itself, or the variants
+    of a family (``H100``: H100-80GB; ``A100``: A100-40GB and A100-80GB; ``A10``: A10G, not
+    A100). Nothing matched: ``[]`` (the catalog's own lookup then says what is close)."""
+    from launcher.plan.catalog import gpus
+
+    q = query.strip().lower()
+    names = list(gpus())
+    exact = [n for n in names if n.lower() == q]
+    return exact or [n for n in names if q and n.lower().startswith(q)
+                     and not n[len(q)].isdigit()]
+
+
+def _machines_table(env: Environment, out: Any, provider: str, machines: list[Any]) -> Any:
+    """One cloud's machines as a table (after a blank line when another came before)."""
     from rich.table import Table
 
     from launcher.report import console
     from launcher.units import format_bytes
 
+    if out is not None:
+        out.print()
     table = Table(show_edge=False, pad_edge=False)
     for name in ("machine", "GPUs", "GPU memory", "vCPU", "RAM", "network", "$/h", "spot $/h",
                  "price as of"):
@@ -461,10 +510,11 @@ def machines_command(provider: str, gpu: str | None, as_json: bool, debug: bool)
         network = "-" if m.inter_node_gbps is None else f"{m.inter_node_gbps:g} Gbps"
         table.add_row(m.name, f"{m.gpu_count} x {m.gpu}", format_bytes(m.gpu_memory_bytes),
                       str(m.vcpus), f"{m.ram_gib:.0f} GiB", network, price, spot, m.as_of)
-    out = console(env.stdout)
+    out = out or console(env.stdout)
     out.print(table)
     out.print(f"[dim]{len(machines)} machines, {provider} ({machines[0].region if machines else ''}"
               "); prices and sources: launcher/plan/catalogs/README.md[/]")
+    return out
 
 
 @cli.command("doctor")
@@ -640,6 +690,7 @@ def _main(args: list[str] | None, env: Environment | None) -> int:
     debug = "--debug" in own or env.environ.get("LAUNCH_DEBUG") == "1"
     as_json = "--json" in own
     try:
+        _typo(args, env.cwd)
         defaults = None
         if _command(args) in CONFIG_COMMANDS:
             from launcher.spec import load_config
@@ -689,6 +740,25 @@ def _command(args: list[str]) -> str | None:
     if not args or args[0] in ("--help", "-h", "--version"):
         return None
     return args[0] if args[0] in cli.commands else "run"
+
+
+def _typo(args: list[str], cwd: Path) -> None:
+    """A first argument that is a command's name misspelt (``launch plna train.py``) is one line
+    that names the command, not `run` given a script called ``plna``: a bare word (no dot, no
+    slash) close to a command's name (difflib) that is no file here. A file, or a name ending in
+    .py, is the script of `run`, as ``launch SCRIPT`` always is."""
+    import re
+
+    word = args[0] if args else ""
+    if word in cli.commands or not re.fullmatch(r"[A-Za-z][A-Za-z-]*", word):
+        return
+    import difflib
+
+    close = difflib.get_close_matches(word.lower(), sorted(cli.commands), n=1, cutoff=0.6)
+    with contextlib.suppress(OSError):
+        if close and not (cwd / word).exists():
+            raise UsageError(f"no command {word!r}; did you mean `{close[0]}`?",
+                             f"`launch {close[0]} --help`; a script runs as `launch SCRIPT`")
 
 
 def _error(env: Environment, message: str, hint: str, status: ExitStatus, as_json: bool,

@@ -219,9 +219,9 @@ def load_config(cwd: Path, keys: Mapping[str, ConfigKey] | None = None) -> tuple
             data: Any = _read_toml(path)
             if data is None:
                 continue
-            table = ""
-            if name == "pyproject.toml":
-                tool = data.get("tool")
+            table, tool = "", data.get("tool")  # a launch.toml of [tool.launch] alone: pasted
+            if name == "pyproject.toml" or data.keys() == {"tool"} and isinstance(tool, dict) \
+                    and tool.keys() == {"launch"}:  # from pyproject, read as the table it is
                 if not isinstance(tool, dict) or "launch" not in tool:
                     continue
                 data, table = tool["launch"], "[tool.launch]"
@@ -284,7 +284,7 @@ def _checked(data: dict[str, Any], path: Path, table: str, keys: Mapping[str, Co
         key = keys.get(name)
         if key is None:
             raise unknown_key(where, "key", raw, [k.replace("_", "-") if "-" in raw else k
-                                                  for k in keys])
+                                                  for k in keys], CONFIG_KEYS_ARE)
         if name in written:
             raise UsageError(f"{where}: {raw!r} and {written[name]!r} are the same key",
                              "keep one of them")
@@ -345,11 +345,18 @@ def _toml(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def unknown_key(where: str, what: str, key: str, known: Iterable[str]) -> UsageError:
-    """``where: unknown what 'key'`` with the closest known key, if one is close, and the rest."""
+#: Where a config file's keys are, said in place of a list of 50 (many of them tuning only).
+CONFIG_KEYS_ARE = "keys are the flags of `launch plan --help` without the --, README: config"
+
+
+def unknown_key(where: str, what: str, key: str, known: Iterable[str], more: str = ""
+                ) -> UsageError:
+    """``where: unknown what 'key'`` with the closest known key, if one is close, and the rest
+    (or ``more``, where the rest is over 8: one line never lists a config file's 50 keys)."""
     known = sorted(set(known))
     close = difflib.get_close_matches(str(key), known, n=1)
-    hint = (f"did you mean {close[0]!r}? " if close else "") + f"known keys: {', '.join(known)}"
+    rest = more if more and len(known) > 8 else f"known keys: {', '.join(known)}"
+    hint = (f"did you mean {close[0]!r}? " if close else "") + rest
     return UsageError(f"{where}: unknown {what} {_show(key)}", hint)
 
 
