@@ -120,7 +120,11 @@ def launch_variables(path: Path) -> frozenset[str]:
 #: The plan's settings a plain script's own flag can carry, and the ``LAUNCH_*`` variable each
 #: stands for (a learned flag reaches the script as reading that variable would).
 FLAG_VARIABLES = {"micro_batch_size": "LAUNCH_MICRO_BATCH_SIZE",
-                  "grad_accum_steps": "LAUNCH_GRAD_ACCUM_STEPS", "steps": "LAUNCH_STEPS"}
+                  "grad_accum_steps": "LAUNCH_GRAD_ACCUM_STEPS", "steps": "LAUNCH_STEPS",
+                  "lr": "LAUNCH_LR"}
+#: Learned flags the plan sets only where the user pinned the setting: the script's own value
+#: of it is not the option's (a learning-rate schedule's first lr is not ``--lr``).
+PIN_ONLY = frozenset({"lr"})
 
 
 def flag_text(flag: str, value: Any) -> str:
@@ -130,13 +134,16 @@ def flag_text(flag: str, value: Any) -> str:
 
 
 def with_flags(args: tuple[str, ...] | list[str], flags: dict[str, str],
-               own: dict[str, Any], plan: Any) -> tuple[str, ...]:
+               own: dict[str, Any], plan: Any, pinned: tuple[str, ...] = ()) -> tuple[str, ...]:
     """``args`` with each learned flag (``FLAG_VARIABLES``) set to ``plan``'s value where that
     differs from the script's own (``own``): an occurrence in ``args`` (``--batch-size 64``,
     ``--batch-size=64``) is replaced, else the flag is appended (argparse, and nanoGPT's
-    configurator: the last one wins). A glued flag (``--batch_size=``) is one argument."""
+    configurator: the last one wins). A glued flag (``--batch_size=``) is one argument. A
+    ``PIN_ONLY`` setting is given only where the user ``pinned`` it."""
     out = list(args)
     for key, flag in flags.items():
+        if key in PIN_ONLY and key not in pinned:
+            continue
         value = getattr(plan, key, None) if key in FLAG_VARIABLES else None
         if value is None or value == own.get(key):
             continue
@@ -170,7 +177,7 @@ def flag_notes(name: str, flags: dict[str, str], plan: Any, reads: frozenset[str
     what a micro-batch without an accumulation flag means for it (``reads``: the variables it
     reads, ``plain_reads``)."""
     words = {"micro_batch_size": "micro-batch", "grad_accum_steps": "accumulation",
-             "steps": "steps"}
+             "steps": "steps", "lr": "a pinned lr"}
     notes = [f"{words[k]} -> {flag + 'N' if flag.endswith('=') else flag} (the script's own "
              "flag)" for k, flag in flags.items() if k in FLAG_VARIABLES]
     if (plan is not None and "micro_batch_size" in flags and plan.grad_accum_steps > 1

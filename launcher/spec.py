@@ -161,7 +161,8 @@ class Spec:
         value where that differs from the script's (``script_info.with_flags``)."""
         from launcher.script_info import with_flags
 
-        return with_flags(self.script_args, self.script_flags, self.script_flag_values, plan)
+        return with_flags(self.script_args, self.script_flags, self.script_flag_values, plan,
+                          self.pinned)
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)

@@ -46,6 +46,7 @@ _ACCUM_DESTS = ("gradient_accumulation_steps", "grad_accum_steps", "accumulation
                 "grad_accum", "accum_steps", "gradient_accumulation")
 _STEPS_DESTS = ("max_steps", "steps", "max_iters", "iters", "num_steps", "train_steps")
 _EPOCHS_DESTS = ("epochs", "num_epochs", "max_epochs", "num_train_epochs", "n_epochs")
+_LR_DESTS = ("lr", "learning_rate", "base_lr")
 
 
 def patch_plain() -> None:
@@ -455,6 +456,13 @@ def _learn_flags(rows: int | None) -> None:
         if len(found) == 1:
             flags[key] = flag(found[0])
             values[key] = found[0]["value"]
+    # the learning rate's option: the plan gives it a pinned --lr only (a schedule makes the
+    # optimizer's first lr another number than the option's, and that is the script's own)
+    found = [o for o in options if norm(o) in _LR_DESTS and isinstance(o["value"], (int, float))
+             and not isinstance(o["value"], bool)]
+    if len(found) == 1:
+        flags["lr"] = flag(found[0])
+        values["lr"] = found[0]["value"]
     ANSWER["flags"] = flags
     ANSWER["flag_values"] = values
     accum = values.get("grad_accum_steps", 1) if "grad_accum_steps" in flags else 1
@@ -493,8 +501,9 @@ def _configurator_options() -> list[dict[str, Any]]:
     return [{"options": [f"--{name}="], "dest": name, "value": value, "default": value,
              "configurator": found.group(1)}
             for name, value in vars(main).items()
-            if (name in names or "batch" in name) and not name.startswith("_")
-            and isinstance(value, int) and not isinstance(value, bool)]
+            if ((name in names or "batch" in name) and isinstance(value, int)
+                or name in _LR_DESTS and isinstance(value, float))
+            and not name.startswith("_") and not isinstance(value, bool)]
 
 
 def _own_length(flags: dict[str, str], values: dict[str, Any], rows: int | None,

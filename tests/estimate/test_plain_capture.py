@@ -544,6 +544,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runs]:
     r.plan("mnist_32", MNIST, "--micro-batch-size", "16", "--", "--batch-size", "32")
     r.plan("on_a_gpu", ON_A_GPU)
     r.plan("zero_after", ZERO_AFTER_FORWARD)
+    r.plan("mnist_lr", MNIST, "--lr", "0.5")
     r.plan("device_global", DEVICE_GLOBAL)
     r.futures["zero_after_real"] = r.pool.submit(measure_step, r.scripts["zero_after"],
                                                  Detected("plain"))
@@ -574,7 +575,8 @@ def test_an_argparse_loop_is_traced_without_params_and_its_batch_flag_learned(ru
     assert data["script_args"] == []  # the plan's micro-batch is the script's own: no flag
     capture = next((runs.dir / "mnist" / "state" / "framework_recipes").glob("*/capture.json"))
     answer = json.loads(capture.read_text())
-    assert answer["flags"] == {"micro_batch_size": "--batch-size", "epochs": "--epochs"}
+    assert answer["flags"] == {"micro_batch_size": "--batch-size", "epochs": "--epochs",
+                               "lr": "--lr"}
     assert answer["step"]["loss"] == "function" and answer["step"]["target"] == "target"
     assert answer["optimizer"]["class"] == "torch.optim.adadelta.Adadelta"
 
@@ -630,7 +632,7 @@ def test_nanogpts_configurator_settings_are_its_flags(runs: Runs) -> None:
         "*/capture.json")).read_text())
     assert capture["flags"] == {"micro_batch_size": "--batch_size=",
                                 "grad_accum_steps": "--gradient_accumulation_steps=",
-                                "steps": "--max_iters="}
+                                "steps": "--max_iters=", "lr": "--learning_rate="}
     assert capture["step"]["loss"] == "index" and capture["step"]["index"] == 1
 
 
@@ -698,6 +700,19 @@ def test_a_loop_that_zeroes_after_its_forward_holds_the_last_gradients_through_i
     mnist = json.loads(next((runs.dir / "mnist" / "state" / "framework_recipes").glob(
         "*/capture.json")).read_text())
     assert "grads_through_forward" not in mnist["step"]
+
+
+def test_a_pinned_lr_reaches_the_script_through_its_lr_flag_and_only_a_pinned_one(
+        runs: Runs) -> None:
+    """--lr 0.5 reaches mnist as `--lr 0.5`; unpinned, the script's own lr is left alone (a
+    schedule's first lr, what the optimizer holds at the first step, is not the option's:
+    nanoGPT's warm-up starts at 0, and its --learning_rate=6e-4 is not rewritten)."""
+    pinned = runs.json("mnist_lr")
+    assert pinned["chosen"]["lr"] == 0.5 and pinned["script_args"] == ["--lr", "0.5"]
+    assert "a pinned lr -> --lr (the script's own flag)" in pinned["notes"]
+    assert runs.json("mnist")["script_args"] == []
+    assert not any(a.startswith("--learning_rate") for a in runs.json("nanogpt_as_is")[
+        "script_args"])
 
 
 def test_a_module_level_device_the_forward_reads_is_rebuilt_for_the_trace(runs: Runs) -> None:
@@ -773,7 +788,7 @@ def test_the_batch_flag_is_the_option_holding_the_batchs_rows_by_name_first() ->
                      "grad_accum_steps": "--gradient_accumulation_steps", "steps": "--max_iters"}
     # the only option of that value, whatever its name (word_language_model's -b would be one)
     assert _learned([("--nb", "nb", 20), ("--lr", "lr", 5)], 20)[0] == {
-        "micro_batch_size": "--nb"}
+        "micro_batch_size": "--nb", "lr": "--lr"}
     # two batch sizes of that value: none is taken, and the plan says so
     flags, notes = _learned([("--bs", "bs", 16), ("--batch_size", "batch_size", 16)], 16)
     assert "micro_batch_size" not in flags
