@@ -390,7 +390,7 @@ def _finish(env: Environment, out: Any, result: RunResult, as_json: bool) -> Non
         word = ("succeeded" if status == ExitStatus.SUCCESS
                 else "cancelled" if result.message.endswith("was cancelled")
                 else status.name.lower().replace("_", " "))
-        print_summary(out, result.run_id, word, result.summary, len(result.attempts))
+        print_summary(out, result.run_id, word, result.summary, result.attempts)
         if result.message:
             out.print(f"  {result.message}")
     if status != ExitStatus.SUCCESS:

@@ -64,7 +64,9 @@ def memory_bar(plan: Plan, width: int = 50) -> str:
                        zip(known, _COLORS, strict=False))
     unknown = [name for name, value in parts if value is None]
     tail = f"  (not estimated: {', '.join(unknown)})" if unknown else ""
-    return f"{bar} {format_bytes(used)} of {format_bytes(mem.capacity)} per GPU\n{legend}{tail}"
+    # the local CPU's plan is of host memory, a process's share of it, not a GPU's
+    unit = "per process (host memory)" if plan.machine == "local-cpu" else "per GPU"
+    return f"{bar} {format_bytes(used)} of {format_bytes(mem.capacity)} {unit}\n{legend}{tail}"
 
 
 def family(machine: str) -> str:
@@ -228,9 +230,10 @@ def origin_words(result: PlanResult) -> str:
 
 
 def print_summary(out: Any, run_id: str, status_name: str, summary: dict[str, Any],
-                  attempts: int) -> None:
+                  attempts: int | list[Any]) -> None:
     """A run's last attempt, in words: what its events did not report is said to be unknown
-    (a plain script writes none), never shown as 0, None or ?."""
+    (a plain script writes none), never shown as 0, None or ?. Given the attempts themselves
+    (``runs.Attempt``), each one's outcome and change, and the plan the last one ran."""
     why = summary.get("not_reported")
     unknown = f"not reported ({why})" if why else "not reported"
     peak = summary.get("peak_allocated_bytes")
@@ -247,7 +250,28 @@ def print_summary(out: Any, run_id: str, status_name: str, summary: dict[str, An
               else "  loss        not reported")
     out.print(f"  peak memory {peak_text}")
     out.print(f"  checkpoint  {summary.get('checkpoint') or 'none'}")
-    out.print(f"  attempts    {attempts}")
+    if isinstance(attempts, int):
+        out.print(f"  attempts    {attempts}")
+        return
+    out.print(f"  attempts    {len(attempts)}")
+    if len(attempts) > 1:
+        for attempt in attempts:
+            outcome = getattr(attempt.outcome, "value", attempt.outcome) or attempt.state
+            out.print(f"    {attempt.number}: {outcome:<13} {attempt.change}")
+    if attempts:
+        out.print(f"  plan        {plan_words(attempts[-1].plan)}")
+
+
+def plan_words(plan: dict[str, Any]) -> str:
+    """A recorded plan (``Plan.to_dict``) in a line: ``fsdp on 2 x ml.p4d.24xlarge (8 GPUs
+    each), micro-batch 2 x 4 accumulation, bf16_mixed, full checkpointing``."""
+    nodes, gpus = plan.get("nodes") or 1, plan.get("gpus_per_node") or 1
+    each = f" ({gpus} GPUs each)" if gpus > 1 else ""
+    checkpointing = plan.get("checkpointing") or "none"
+    return (f"{plan.get('strategy')} on {nodes} x {plan.get('machine')}{each}, micro-batch "
+            f"{plan.get('micro_batch_size')} x {plan.get('grad_accum_steps')} accumulation, "
+            f"{plan.get('precision')}"
+            + ("" if checkpointing == "none" else f", {checkpointing} checkpointing"))
 
 
 def format_log_line(line: str) -> str:

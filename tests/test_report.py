@@ -87,3 +87,10 @@ def test_progress_is_shown_on_a_terminal_only(tmp_path):
     assert "estimating memory" in run(_Terminal())
     assert run(_Terminal(), "--json") == ""
     assert run(io.StringIO()) == ""
+
+
+def test_the_local_cpu_plan_s_memory_is_host_memory_per_process(cli, tiny_recipe):
+    """Issue 29: "13.0 MiB of 23.5 GiB per GPU" on a machine with no GPU."""
+    result = cli("plan", str(tiny_recipe))
+    assert result.status == 0, result.stderr
+    assert "per process (host memory)" in result.stdout and "per GPU\n" not in result.stdout

@@ -162,10 +162,16 @@ PARTWAY_RECIPE = TINY_RECIPE.replace(
 
 
 def test_overflowing_micro_batch_is_fixed_by_one_resubmission(cli, write_script):
+    """Followed as a person follows it (no --json): the summary names each attempt's outcome
+    and change, and the plan that finished (issue 29: it said `attempts 2` alone)."""
     script = write_script(OOM_RECIPE)
-    result = cli(str(script), "--json", "--memory-limit", "2560MiB")
+    result = cli(str(script), "--memory-limit", "2560MiB")
     assert result.status == 0, result.stderr
-    first, second = result.json()["attempts"]
+    assert "  attempts    2\n    1: oom" in result.stdout, result.stdout[-1500:]
+    assert "    2: success       out of memory in forward at micro-batch 8" in result.stdout
+    assert "  plan        single on 1 x local-cpu, micro-batch 4 x 2 accumulation" in (
+        result.stdout)
+    first, second = cli("status", "--json").json()["attempts"]
     assert first["outcome"] == "oom" and second["outcome"] == "success"
     assert (second["plan"]["micro_batch_size"], second["plan"]["grad_accum_steps"]) == (4, 2)
     assert second["plan"]["global_batch_size"] == first["plan"]["global_batch_size"] == 8
