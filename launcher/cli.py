@@ -298,9 +298,10 @@ def run_command(as_json: bool, debug: bool, cancel_on_interrupt: bool, yes: bool
     if not as_json:
         print_plan(out, planned.result, script_args=planned.spec.script_args)
     _confirm_spending(env, planned, yes)
-    note = (lambda text: None) if as_json else (lambda text: out.print(f"[bold]launch:[/] {text}"))
+    note = (_json_event(env, "note") if as_json
+            else (lambda text: out.print(f"[bold]launch:[/] {text}")))
     try:
-        result = runner.run(planned, on_line=_echo(out, as_json), on_note=note,
+        result = runner.run(planned, on_line=_echo(out, as_json, env), on_note=note,
                             cancel_on_interrupt=cancel_on_interrupt)
     except RunInterrupted as stop:
         _interrupted(env, stop)
@@ -358,13 +359,43 @@ def _confirm_spending(env: Environment, planned: Any, yes: bool) -> None:
         raise LaunchError("not submitted: nothing was started or spent", ExitStatus.NOT_SUBMITTED)
 
 
-def _echo(out: Any, as_json: bool) -> Callable[[str], None]:
-    """Job output for a person (events as sentences); nothing in JSON mode."""
+def _echo(out: Any, as_json: bool, env: Environment | None = None) -> Callable[[str], None]:
+    """Job output for a person (events as sentences); in JSON mode the job's events only, one
+    JSON object a line on stderr as they happen (``_json_event``)."""
     from launcher.report import format_log_line
 
     if as_json:
-        return lambda line: None
+        if env is None:
+            return lambda line: None
+        from launcher.events import parse_event
+
+        emit = _json_event(env, None)
+
+        def event_line(line: str) -> None:
+            event = parse_event(line)
+            if event is not None:
+                emit(event)
+
+        return event_line
     return lambda line: out.out(format_log_line(line), highlight=False)
+
+
+def _json_event(env: Environment, kind: str | None) -> Callable[[Any], None]:
+    """With ``--json``, what happens while a job runs, as it happens: one JSON object a line on
+    stderr (``{"event": "note", "message": "attempt 1: ..."}``, the job's own events as the
+    templates write them: ``{"event": "metrics", "step": 3, ...}``), so a CI log shows progress
+    while stdout stays the one result object it always was."""
+
+    def emit(value: Any) -> None:
+        if kind is None:  # a job's event: {"launch": "metrics", ...}
+            data = {"event": value.get("launch"),
+                    **{k: v for k, v in value.items() if k != "launch"}}
+        else:
+            data = {"event": kind, "message": str(value)}
+        env.stderr.write(json.dumps(data, default=str) + "\n")
+        env.stderr.flush()
+
+    return emit
 
 
 def _interrupted(env: Environment, stop: RunInterrupted) -> None:
@@ -638,7 +669,7 @@ def attach_command(run_id: str | None, as_json: bool, debug: bool) -> None:
     env = _env()
     out = console(env.stdout if not as_json else env.stderr)
     try:
-        result = Runner(env).attach(run_id, on_line=_echo(out, as_json))
+        result = Runner(env).attach(run_id, on_line=_echo(out, as_json, env))
     except RunInterrupted as stop:  # Ctrl-C: how to follow it again, as `run` says it
         _interrupted(env, stop)
         raise

@@ -36,8 +36,15 @@ OOM_RECIPE = TINY_RECIPE.replace(
 def test_run_then_status_and_logs(cli, tiny_recipe, tmp_path):
     result = cli(str(tiny_recipe), "--json")
     assert result.status == 0, result.stderr
-    data = result.json()
+    data = result.json()  # stdout: the one result object, as always
     assert data["status"] == "success" and data["summary"]["steps"] == 4
+    # stderr: what happened while it ran, one JSON object a line (issue 29: a CI job saw nothing
+    # until the end)
+    events = [json.loads(line) for line in result.stderr.splitlines()]
+    kinds = [e["event"] for e in events]
+    assert kinds[0] == "note" and events[1]["message"].startswith("attempt 1: single")
+    assert kinds.count("metrics") == 4 and kinds[-1] == "done"
+    assert [e["step"] for e in events if e["event"] == "metrics"] == [1, 2, 3, 4]
     run_dir = tmp_path / "state" / "runs" / data["run_id"]
     assert (run_dir / "attempt-1" / "job" / "launch_train.py").is_file()
     plan = json.loads((run_dir / "attempt-1" / "job" / "plan.json").read_text())
