@@ -717,6 +717,7 @@ def _interrupts() -> Iterator[None]:
 def _main(args: list[str] | None, env: Environment | None) -> int:
     env = env or Environment()
     args = list(sys.argv[1:] if args is None else args)
+    env.argv = list(args)
     own = args[:args.index("--")] if "--" in args else args  # after --: the script's
     debug = "--debug" in own or env.environ.get("LAUNCH_DEBUG") == "1"
     as_json = "--json" in own

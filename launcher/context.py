@@ -22,6 +22,8 @@ class Environment:
     environ: dict[str, str] = field(default_factory=lambda: dict(os.environ))
     #: The Python that runs children (probes, torchrun). Tests keep the venv's interpreter.
     python: str = field(default_factory=lambda: sys.executable)
+    #: The command line `launch` was given (``cli.main`` sets it): a report says what made it.
+    argv: list[str] = field(default_factory=list)
 
     @property
     def state_dir(self) -> Path:

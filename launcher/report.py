@@ -393,9 +393,17 @@ def format_runs(runs: list[Any], state_dir: Any, home: str | None, now: float | 
 _HTML_COLORS = ("#4a78c2", "#b05ab8", "#d9a520", "#4caf50", "#26a6b8", "#9e9e9e")
 
 
-def plan_html(result: PlanResult, title: str) -> str:
-    """The plan as a self-contained HTML page (CI artifact): the chosen plan's memory bar, every
-    candidate, the rejected options. Rendered by jinja2 with autoescaping: every value is text."""
+#: The narrowest a known part of the HTML memory bar is drawn (percent): a plan of KiB on a
+#: machine of GiB would otherwise draw an empty bar.
+MIN_BAR_PERCENT = 0.8
+
+
+def plan_html(result: PlanResult, title: str, command: str = "") -> str:
+    """The plan as a self-contained HTML page (CI artifact): the command that made it and
+    when, the chosen plan's memory bar, every candidate, the rejected options and the notes.
+    Rendered by jinja2 with autoescaping: every value is text."""
+    import datetime
+
     import jinja2
 
     env = jinja2.Environment(loader=jinja2.PackageLoader("launcher", "report_templates"),
@@ -407,7 +415,8 @@ def plan_html(result: PlanResult, title: str) -> str:
         total = chosen.memory.total if chosen.memory.total is not None else sum(
             v for _, v in known)
         scale = max(chosen.memory.capacity or 0, total) or 1
-        parts = [{"name": n, "size": format_bytes(v), "percent": f"{100 * v / scale:.2f}",
+        parts = [{"name": n, "size": format_bytes(v),
+                  "percent": f"{max(100 * v / scale, MIN_BAR_PERCENT if v else 0):.2f}",
                   "color": c} for (n, v), c in zip(known, _HTML_COLORS, strict=False)]
         used, capacity = format_bytes(total), format_bytes(chosen.memory.capacity)
     rows = [{
@@ -421,7 +430,21 @@ def plan_html(result: PlanResult, title: str) -> str:
         "fits_class": {True: "yes", False: "no", None: ""}[p.fits],
         "price": format_usd(p.cost_per_hour_usd), "cost": format_usd(p.total_cost_usd),
     } for p in shown_plans(result)]  # the terminal's rows
+    unit = ("Per process (host memory)" if chosen is not None and chosen.machine == "local-cpu"
+            else "Per GPU")
+    when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     return env.get_template("plan.html.j2").render(
         title=title, parameters=format_count(result.parameters), source=result.source,
-        chosen=chosen, parts=parts, used=used, capacity=capacity, rows=rows,
-        rejected=result.rejected, notes=result.notes)
+        chosen=chosen, parts=parts, used=used, capacity=capacity, rows=rows, unit=unit,
+        rejected=result.rejected, notes=result.notes, command=command, when=when)
+
+
+def shown_command(argv: list[str]) -> str:
+    """The command line for a report: launch's own options as given; the script's arguments
+    (after ``--``) counted, not shown (they may carry a token; plan.json has them)."""
+    import shlex
+
+    own = argv[:argv.index("--")] if "--" in argv else list(argv)
+    rest = len(argv) - len(own) - 1 if "--" in argv else 0
+    return shlex.join(["launch", *own]) + (f" -- ({rest} script argument"
+                                           f"{'' if rest == 1 else 's'})" if rest else "")

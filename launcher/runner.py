@@ -311,13 +311,13 @@ class Runner:
         return True
 
     def _write_report(self, planned: PlannedRun, report: Path) -> None:
-        from launcher.report import plan_html
+        from launcher.report import plan_html, shown_command
         from launcher.userfiles import write_through
 
         spec = planned.spec
         path = report if report.is_absolute() else self.env.cwd / report
-        write_through(path, plan_html(planned.result, f"{spec.script.name} on {spec.provider}"),
-                      "report")
+        write_through(path, plan_html(planned.result, f"{spec.script.name} on {spec.provider}",
+                                      shown_command(self.env.argv)), "report")
 
     def _dry_request(self, planned: PlannedRun) -> dict[str, Any] | None:
         """The exact request a cloud provider would send for the chosen plan (torchx's dry run).

@@ -94,3 +94,12 @@ def test_the_local_cpu_plan_s_memory_is_host_memory_per_process(cli, tiny_recipe
     result = cli("plan", str(tiny_recipe))
     assert result.status == 0, result.stderr
     assert "per process (host memory)" in result.stdout and "per GPU\n" not in result.stdout
+
+
+def test_a_report_s_command_line_counts_the_script_s_arguments_and_shows_none():
+    from launcher.report import shown_command
+
+    assert shown_command(["plan", "train.py", "--provider", "vertex"]) == (
+        "launch plan train.py --provider vertex")
+    assert shown_command(["plan", "train.py", "--", "--hf_token", "hf_s3cr3t"]) == (
+        "launch plan train.py -- (2 script arguments)")
