@@ -164,3 +164,32 @@ def test_the_gate_fails_without_a_region(workflow: dict[str, Any], tmp_path: Pat
     plan = json.loads((tmp_path / "plan.json").read_text())  # one object, the plan and why
     assert plan["request"] is None and plan["chosen"]["fits"] is True
     assert "region" in plan["error"]["message"]
+
+
+def test_the_launch_step_runs_as_a_runner_runs_it_on_the_local_provider(
+        workflow: dict[str, Any], tmp_path: Path) -> None:
+    """The merge job's Launch step, as GitHub runs it (bash -e, CI set, no terminal), against
+    the local provider: it plans, then runs with --yes --json (no question asked: there is no
+    terminal), run.json is the one result object, and the log shows the run's progress as JSON
+    lines on stderr."""
+    from tests.conftest import TINY_RECIPE
+
+    script = tmp_path / "train.py"
+    script.write_text(TINY_RECIPE)
+    launch = step(workflow["jobs"]["launch"], "Launch")["run"]
+    environ = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        "LAUNCH_STATE_DIR": str(tmp_path / "state"), "LAUNCH_HOME": str(tmp_path / "home"),
+        "SCRIPT": str(script), "LAUNCH_PROVIDER": "local", "LAUNCH_PLAN_ARGS": "--steps 2",
+        "LAUNCH_NO_TRACE": "1", "CI": "true",
+    }
+    done = subprocess.run(["bash", "-e", "-c", launch], cwd=tmp_path, env=environ,
+                          capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr[-2000:]
+    run = json.loads((tmp_path / "run.json").read_text())
+    assert run["status"] == "success" and run["summary"]["steps"] == 2
+    assert json.loads((tmp_path / "plan.json").read_text())["chosen"]["fits"] in (True, None)
+    events = [json.loads(line) for line in done.stderr.splitlines() if line.startswith("{")]
+    assert [e["step"] for e in events if e["event"] == "metrics"] == [1, 2]
+    assert "Proceed?" not in done.stderr
