@@ -49,6 +49,10 @@ def memory_parts(plan: Plan) -> list[tuple[str, int | None]]:
     return parts
 
 
+#: The memory bar's legend lines are at most this wide (a 100-column terminal, and a margin).
+LEGEND_WIDTH = 98
+
+
 def memory_bar(plan: Plan, width: int = 50) -> str:
     """One stacked bar per GPU (rich markup): the peak's parts against the capacity."""
     mem = plan.memory
@@ -60,10 +64,24 @@ def memory_bar(plan: Plan, width: int = 50) -> str:
              zip(known, _COLORS, strict=False)]
     bar = "".join(f"[{color}]{'█' * n}[/]" for color, n in cells)
     bar += "░" * max(0, width - sum(n for _, n in cells))
-    legend = "  ".join(f"[{c}]■[/] {p} {format_bytes(v)}" for (p, v), c in
-                       zip(known, _COLORS, strict=False))
+    items = [(f"[{c}]■[/] {p} {format_bytes(v)}", len(f"■ {p} {format_bytes(v)}"))
+             for (p, v), c in zip(known, _COLORS, strict=False)]
     unknown = [name for name, value in parts if value is None]
-    tail = f"  (not estimated: {', '.join(unknown)})" if unknown else ""
+    if unknown:
+        note = f"(not estimated: {', '.join(unknown)})"
+        items.append((note, len(note)))
+    # broken between items, never inside one: a 100-column terminal wrapped "optimizer-step
+    # temporaries" from its size
+    lines: list[str] = []
+    width_used = 0
+    for markup, length in items:
+        if lines and width_used + 2 + length <= LEGEND_WIDTH:
+            lines[-1] += "  " + markup
+            width_used += 2 + length
+        else:
+            lines.append(markup)
+            width_used = length
+    legend, tail = "\n".join(lines), ""
     # the local CPU's plan is of host memory, a process's share of it, not a GPU's
     unit = "per process (host memory)" if plan.machine == "local-cpu" else "per GPU"
     return f"{bar} {format_bytes(used)} of {format_bytes(mem.capacity)} {unit}\n{legend}{tail}"

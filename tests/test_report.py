@@ -103,3 +103,21 @@ def test_a_report_s_command_line_counts_the_script_s_arguments_and_shows_none():
         "launch plan train.py --provider vertex")
     assert shown_command(["plan", "train.py", "--", "--hf_token", "hf_s3cr3t"]) == (
         "launch plan train.py -- (2 script arguments)")
+
+
+def test_the_memory_legend_breaks_between_its_items_at_100_columns(cli, tmp_path):
+    """Issue 29: the legend wrapped mid-phrase ("optimizer-step temporaries" / its size)."""
+    import re
+
+    script = tmp_path / "plain.py"
+    script.write_text("print('plain')\n")
+    for provider in ("vertex", "sagemaker"):
+        result = cli("plan", str(script), "--provider", provider, *DESCRIBED,
+                     environ={"COLUMNS": "100"})
+        legend = [line for line in result.stdout.splitlines() if line.startswith("■")]
+        assert legend, result.stdout
+        for line in legend:
+            assert len(line) <= 100, line
+            for item in line.split("■")[1:]:
+                item = item.split("(not estimated")[0]
+                assert re.fullmatch(r" [a-zA-Z +-]+ [\d.]+ [KMGT]?i?B\s*", item), (item, line)
