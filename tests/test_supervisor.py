@@ -298,6 +298,24 @@ def test_attach_agrees_with_cancel_and_status_and_ctrl_c_on_attach_says_how_to_r
     assert status["attempts"][0]["outcome"] == "cancelled"
 
 
+def test_the_json_event_stream_is_read_line_by_line_while_the_job_runs(write_script, tmp_path):
+    """`launch run --json`: each event reaches stderr as it happens (a CI log shows progress),
+    not at the end; stdout is still the one result object."""
+    script = write_script(SLOW_RECIPE)
+    proc = _launch_subprocess(script, tmp_path / "state", "--steps", "12", "--json")
+    assert proc.stderr is not None
+    seen = []
+    for line in proc.stderr:
+        seen.append(json.loads(line))
+        if seen[-1]["event"] == "metrics" and seen[-1]["step"] == 2:
+            assert proc.poll() is None  # read while the job is still training
+            break
+    out, _err = proc.communicate(timeout=120)
+    assert proc.returncode == 0
+    assert json.loads(out)["summary"]["steps"] == 12
+    assert seen[0]["event"] == "note"
+
+
 def test_cancel_from_another_process(cli, write_script, tmp_path):
     script = write_script(SLOW_RECIPE)
     state = tmp_path / "state"
