@@ -530,17 +530,22 @@ def _machines_table(env: Environment, out: Any, provider: str, machines: list[An
 
     if out is not None:
         out.print()
-    table = Table(show_edge=False, pad_edge=False)
-    for name in ("machine", "GPUs", "GPU memory", "vCPU", "RAM", "network", "$/h", "spot $/h",
-                 "price as of"):
+    from rich import box
+
+    # Short headers, units in them, no rules between columns: every row on one line of a
+    # 100-column terminal (it wrapped "1000 Gbps" and cut "2026-07..." before).
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True)
+    for name in ("machine", "GPUs", "GPU mem", "vCPU", "RAM GiB", "net Gb/s", "$/h",
+                 "spot $/h", "as of"):
         left = name in ("machine", "GPUs")
-        table.add_column(name, justify="left" if left else "right", no_wrap=left)
+        table.add_column(name, justify="left" if left else "right", no_wrap=True)
     for m in machines:
         price = "n/a" if m.price_per_hour is None else f"{m.price_per_hour:.2f}"
         spot = "n/a" if m.spot_price_per_hour is None else f"{m.spot_price_per_hour:.2f}"
-        network = "-" if m.inter_node_gbps is None else f"{m.inter_node_gbps:g} Gbps"
+        network = "-" if m.inter_node_gbps is None else f"{m.inter_node_gbps:g}"
         table.add_row(m.name, f"{m.gpu_count} x {m.gpu}", format_bytes(m.gpu_memory_bytes),
-                      str(m.vcpus), f"{m.ram_gib:.0f} GiB", network, price, spot, m.as_of)
+                      str(m.vcpus), f"{m.ram_gib:.0f}", network, price, spot,
+                      str(m.as_of)[:7])  # the month the price was read
     out = out or console(env.stdout)
     out.print(table)
     out.print(f"[dim]{len(machines)} machines, {provider} ({machines[0].region if machines else ''}"

@@ -96,3 +96,16 @@ def test_machines_without_provider_lists_every_cloud(cli):
     assert "--provider vertex" in one_line(cli("machines", "--provider", "local"))
     one = cli("machines", "--provider", "sagemaker", "--json").json()
     assert one["provider"] == "sagemaker" and one["providers"] == ["sagemaker"]
+
+
+def test_every_machine_is_one_whole_line_at_100_columns(cli):
+    """Issue 29: at 100 columns every row of `machines` wrapped ("1000 / Gbps") and the
+    columns were cut ("netwo...", "2026-0..."): now one line a machine, nothing cut."""
+    for provider in ("vertex", "sagemaker"):
+        result = cli("machines", "--provider", provider, environ={"COLUMNS": "100"})
+        assert result.status == 0, result.stderr
+        lines = result.stdout.splitlines()
+        assert max(len(line) for line in lines) <= 100
+        assert not any("…" in line for line in lines), result.stdout
+        rows = [line for line in lines[2:-1] if line.strip()]
+        assert all(len(row.split()) >= 9 for row in rows), rows  # every field on its line
