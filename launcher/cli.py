@@ -14,6 +14,7 @@ result is printed; every command is a few lines of the same shape, and the work 
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import json
@@ -298,15 +299,61 @@ def run_command(as_json: bool, debug: bool, cancel_on_interrupt: bool, yes: bool
     if not as_json:
         print_plan(out, planned.result, script_args=planned.spec.script_args)
     _confirm_spending(env, planned, yes)
-    note = (_json_event(env, "note") if as_json
-            else (lambda text: out.print(f"[bold]launch:[/] {text}")))
+    view = _LiveView(out)
+    note = _json_event(env, "note") if as_json else view.note
     try:
-        result = runner.run(planned, on_line=_echo(out, as_json, env), on_note=note,
-                            cancel_on_interrupt=cancel_on_interrupt)
+        result = runner.run(planned, on_line=_echo(out, as_json, env) if as_json else view.line,
+                            on_note=note, cancel_on_interrupt=cancel_on_interrupt)
     except RunInterrupted as stop:
+        view.flush()
         _interrupted(env, stop)
         raise
+    view.flush(result.run_id)
     _finish(env, out, result, as_json)
+
+
+class _LiveView:
+    """What a person sees while a run goes: the job's lines as sentences and launch's notes.
+    Once an out-of-memory failure is said, the log still arriving (a backlog of megabytes, on
+    a terminal slower than the job) is summed up: its last ``TAIL`` lines are shown when the
+    attempt ends, the rest counted, all of it in `launch logs` (the supervisor hands every line
+    over; what is shown is the view's)."""
+
+    TAIL = 50
+
+    def __init__(self, out: Any) -> None:
+        from launcher.report import format_log_line
+
+        self.out, self.format = out, format_log_line
+        self.held: collections.deque[str] = collections.deque()
+        self.unshown = 0
+        self.said = False
+
+    def line(self, line: str) -> None:
+        if not self.said:
+            self.out.out(self.format(line), highlight=False)
+            return
+        self.held.append(line)
+        if len(self.held) > self.TAIL:
+            self.held.popleft()
+            self.unshown += 1
+
+    def note(self, text: str) -> None:
+        if text.startswith("attempt "):  # a new attempt: the last one's tail first
+            self.flush()
+        self.out.print(f"[bold]launch:[/] {text}")
+        if text.startswith("out of memory"):
+            self.said = True
+
+    def flush(self, run_id: str | None = None) -> None:
+        if self.unshown:
+            where = f"`launch logs {run_id}`" if run_id else "`launch logs`"
+            self.out.print(f"[bold]launch:[/] {self.unshown} earlier lines of the job's log not "
+                           f"shown here (all of it: {where}); its last {len(self.held)}:")
+        for line in self.held:
+            self.out.out(self.format(line), highlight=False)
+        self.held.clear()
+        self.unshown, self.said = 0, False
 
 
 def _confirm_spending(env: Environment, planned: Any, yes: bool) -> None:

@@ -12,6 +12,7 @@ any other line is skipped with a note, never an error.
 from __future__ import annotations
 
 import errno
+import fcntl
 import json
 import math
 import os
@@ -62,6 +63,11 @@ def register(home: Path, run: Run, created_at: float | None = None) -> None:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise OSError(errno.EINVAL, "not a regular file", str(home / INDEX_NAME))
+        # One writer at a time between the check of the last byte and the append: a size read
+        # while another launch's line was being copied in looked like a cut line (a CI run saw
+        # an empty line added). Released when the descriptor closes.
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        st = os.fstat(fd)
         # A line cut by a writer killed mid-write (or a full disk) must not swallow this one.
         if st.st_size and os.pread(fd, 1, st.st_size - 1) != b"\n":
             line = "\n" + line

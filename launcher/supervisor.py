@@ -9,7 +9,6 @@ none, or the attempts are used up, the run ends with exit status 5.
 
 from __future__ import annotations
 
-import collections
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -307,8 +306,6 @@ class Supervisor:
                 stopped_at = time.monotonic()
                 self.provider.stop(attempt.job_id)
 
-        held: collections.deque[str] = collections.deque()
-        unshown = 0
         while True:
             status = self.provider.poll(attempt.job_id)
             read_events()
@@ -320,13 +317,7 @@ class Supervisor:
                     # hold back what the event channel already knows
                     read_events()
                     checked = time.monotonic()
-                if seen_at is None:
-                    self.on_line(line)
-                else:  # said and stopping: the backlog is summed up, its last lines shown
-                    held.append(line)
-                    if len(held) > TAIL_LINES:
-                        held.popleft()
-                        unshown += 1
+                self.on_line(line)  # every line, in order: what a view shows is its own
                 event = parse_event(line)
                 if event is not None:
                     progress.update(event)
@@ -356,11 +347,6 @@ class Supervisor:
                 break
             if not lines:
                 time.sleep(self.poll_interval_s)
-        if unshown:
-            self.on_note(f"{unshown} earlier lines of the job's log not shown here (all of it: "
-                         f"`launch logs {self.run.id}`); its last {len(held)}:")
-        for line in held:
-            self.on_line(line)
         faults.point("follow.ended")
         attempt.state = status.state
         attempt.exit_code = status.exit_code
@@ -452,9 +438,6 @@ def adopt_unrecorded(run: Run, provider: Provider) -> list[Attempt]:
 
 #: While a long stretch of log is shown, how often the event channel is read between its lines.
 EVENT_CHECK_S = 0.2
-#: Once an out-of-memory failure is said, the log still to be shown is summed up: these last
-#: lines of it are shown (the traceback, the other ranks' ends), the rest counted.
-TAIL_LINES = 50
 
 #: How long `cancel` waits for a job to reach a terminal state after asking it to stop.
 CANCEL_WAIT_S = 30.0
