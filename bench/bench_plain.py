@@ -129,7 +129,7 @@ def hook_free_child(script: str) -> int:
     from torch.profiler import ProfilerActivity, profile
 
     from launcher._framework_child import plain
-    from launcher.estimate._measure import cpu_allocation_events
+    from launcher._framework_child.measure import profiled_peak
 
     sys.argv = [script]
     plain._patch_cuda()
@@ -158,14 +158,7 @@ def hook_free_child(script: str) -> int:
             return
         prof = state.pop("prof")
         prof.__exit__(None, None, None)
-        live = peak = 0
-        for event in cpu_allocation_events(prof):
-            live += event.alloc_size
-            peak = max(peak, live)
-        model = state["model"]
-        base = sum(p.numel() * p.element_size()
-                   for p in {id(p): p for p in model.parameters()}.values())
-        base += sum(b.numel() * b.element_size() for b in model.buffers())
+        base, peak = profiled_peak(prof, state["model"])  # as measure_step reads it
         print(f"HOOK-FREE {base + peak}", flush=True)
         raise Done
 

@@ -393,7 +393,7 @@ def plain_steps(info: Any, values: dict[str, Any]) -> dict[str, str]:
         return {}
     flag = info.flags.get("steps")
     if flag and how.startswith("max_steps="):
-        head, comma, rest = how.partition(",")
+        _, comma, rest = how.partition(",")
         how = flag_text(flag, info.length["max_steps"]) + comma + rest
     values["steps"] = steps
     return {"steps": f"{SCRIPT_OWN}: {how}"}

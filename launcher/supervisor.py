@@ -282,10 +282,20 @@ class Supervisor:
         stopped_at: float | None = None
         lag_noted: tuple[float, float] | None = None  # (lag, when) of the last note
         most_behind = 0.0
+
+        def stop_when_due() -> None:
+            """The allocator's message usually comes just before the template's structured line
+            (phase, step, micro-batch): stop once that line is in, or after a short grace."""
+            nonlocal stopped_at
+            if seen_at is not None and stopped_at is None and (
+                    progress.oom is not None or time.monotonic() - seen_at > STOP_GRACE_S):
+                stopped_at = time.monotonic()
+                self.provider.stop(attempt.job_id)
+
         def read_events() -> None:
             """The event channel: an out-of-memory event is said and acted on at once, however
             much of the log is still to be read or shown."""
-            nonlocal event_cursor, seen_at, stopped_at
+            nonlocal event_cursor, seen_at
             events, event_cursor = self.provider.events(attempt.job_id, event_cursor)
             for line in events:
                 event = parse_event(line)
@@ -301,10 +311,7 @@ class Supervisor:
                     seen_at = time.monotonic()
                     self.on_note(f"out of memory on rank {event.get('rank')} in "
                                  f"{event.get('phase')}: stopping the job")
-            if seen_at is not None and stopped_at is None and (
-                    progress.oom is not None or time.monotonic() - seen_at > STOP_GRACE_S):
-                stopped_at = time.monotonic()
-                self.provider.stop(attempt.job_id)
+            stop_when_due()
 
         while True:
             status = self.provider.poll(attempt.job_id)
@@ -337,12 +344,7 @@ class Supervisor:
                     self.on_note(f"the log shown is {lag:.0f} s behind the job (it writes faster "
                                  f"than the log API's read quota allows); failures come from "
                                  f"their own channel and are not delayed")
-            # The allocator's message usually comes just before the template's structured line
-            # (phase, step, micro-batch); stop once that line is in, or after a short grace.
-            if seen_at is not None and stopped_at is None and (
-                    progress.oom is not None or time.monotonic() - seen_at > STOP_GRACE_S):
-                stopped_at = time.monotonic()
-                self.provider.stop(attempt.job_id)
+            stop_when_due()
             if status.terminal and not lines:
                 break
             if not lines:

@@ -23,18 +23,24 @@ def start_profile() -> None:
     STATE["t0"] = time.perf_counter()
 
 
-def stop_profile() -> None:
+def profiled_peak(prof: Any, model: Any) -> tuple[int, int]:
+    """A finished CPU profile's peak: the model's weights and buffers (allocated before it
+    started) and the most its allocation events held above them."""
     from launcher.estimate._measure import cpu_allocation_events
 
-    prof = STATE.pop("profile")
-    prof.__exit__(None, None, None)
     live = peak = 0
     for event in cpu_allocation_events(prof):
         live += event.alloc_size
         peak = max(peak, live)
-    model = STATE["measured_model"]
     base = sum(p.numel() * p.element_size() for p in {id(p): p for p in model.parameters()}
                .values()) + sum(b.numel() * b.element_size() for b in model.buffers())
+    return base, peak
+
+
+def stop_profile() -> None:
+    prof = STATE.pop("profile")
+    prof.__exit__(None, None, None)
+    base, peak = profiled_peak(prof, STATE["measured_model"])
     answer = {"peak_allocated": base + peak, "above_weights": peak, "weights": base,
               "wall_s": time.perf_counter() - STATE["t0"]}
     (STATE["out"] / "measure.json").write_text(json.dumps(answer), encoding="utf-8")
