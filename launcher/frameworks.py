@@ -101,6 +101,10 @@ class Capture:
     #: "--batch-size"}``), learned from its argparse, and their values as it ran.
     flags: dict[str, str] = field(default_factory=dict)
     flag_values: dict[str, Any] = field(default_factory=dict)
+    #: Where a plain script put a tensor on a GPU itself (``train.py:42: .to('cuda')``), and
+    #: its own option that would run it on the CPU (``--device cpu``), if it has one.
+    needs_gpu: str | None = None
+    cpu_flag: str | None = None
 
 
 # --- recognition (ast only) -------------------------------------------------------------------
@@ -223,7 +227,13 @@ def capture(
         hardware=dict(answer.get("hardware") or {}),
         flags=dict(answer.get("flags") or {}) if recipe else {},
         flag_values=dict(answer.get("flag_values") or {}) if recipe else {},
+        needs_gpu=_text(answer.get("needs_gpu")), cpu_flag=_text(answer.get("cpu_flag")),
     )
+
+
+def _text(value: Any) -> str | None:
+    """A string of the child's answer (it runs the user's code: anything else is dropped)."""
+    return value[:200] if isinstance(value, str) else None
 
 
 def _run(args: list[str], *, environ: dict[str, str], cwd: Path, timeout: float) -> None:
@@ -324,6 +334,7 @@ def inspect_plain(path: Path, *, python: str = sys.executable, env: dict[str, st
         parameters=found.parameters, trainable_parameters=found.trainable_parameters,
         hardware=hardware, framework_recipe=found.recipe, notes=found.notes, own=found.own,
         flags=found.flags, flag_values=found.flag_values, length=found.length,
+        needs_gpu=found.needs_gpu, cpu_flag=found.cpu_flag,
     )
 
 

@@ -180,6 +180,17 @@ class CancelResult:
 # -- the runner --------------------------------------------------------------------------------
 
 
+def _no_gpu_here(script: str, where: str, cpu_flag: str | None) -> UsageError:
+    """A plain script that puts its tensors on a GPU itself, for a machine without one (the
+    capture ran it on the CPU; the job runs it as it is, and would fail at once)."""
+    return UsageError(
+        f"{script} puts its tensors on a GPU ({where}) and this machine has none: the local job "
+        "would fail",
+        (f"run it with its own option: launch {script} -- {cpu_flag}" if cpu_flag else
+         "choose the device with torch.cuda.is_available() in the script")
+        + ", or pass --provider vertex|sagemaker")
+
+
 class Runner:
     """Every command's work, in the environment ``env`` (streams unused: it prints nothing)."""
 
@@ -281,6 +292,11 @@ class Runner:
                                        plain_reads(spec) or frozenset()))
         if provider_error:
             result.notes.append(f"no {name} request: {provider_error}")
+        if name == "local" and info.needs_gpu and not info.hardware.cuda_devices:
+            no_gpu = _no_gpu_here(spec.script.name, info.needs_gpu, info.cpu_flag)
+            if not dry_run:  # it would fail at its first .to("cuda"): nothing is started
+                raise no_gpu
+            result.notes.append(f"{no_gpu.message}: {no_gpu.hint}")
         unseen = unseen_settings(spec)
         if unseen:
             result.notes.append(

@@ -54,6 +54,11 @@ class ScriptInfo:
     #: the script through them (``with_flags``).
     flags: dict[str, str] = field(default_factory=dict)
     flag_values: dict[str, Any] = field(default_factory=dict)
+    #: Where a captured plain script puts a tensor on a GPU itself (``train.py:42:
+    #: .to('cuda')``; the capture ran it on the CPU), and its own option that would run it
+    #: without one (``--device cpu``), if any: a machine without a GPU cannot run it as it is.
+    needs_gpu: str | None = None
+    cpu_flag: str | None = None
 
     @property
     def captured(self) -> bool:

@@ -142,8 +142,17 @@ def _patch_cuda() -> None:
     is left to it."""
     if torch.cuda.is_available():
         return
-    torch.nn.Module.cuda = lambda self, device=None: self  # type: ignore[method-assign]
-    torch.Tensor.cuda = lambda self, *a, **k: self  # type: ignore[method-assign]
+
+    def module_cuda(self: torch.nn.Module, device: Any = None) -> torch.nn.Module:
+        _on_a_gpu(".cuda()")
+        return self
+
+    def tensor_cuda(self: torch.Tensor, *_: Any, **__: Any) -> torch.Tensor:
+        _on_a_gpu(".cuda()")
+        return self
+
+    torch.nn.Module.cuda = module_cuda  # type: ignore[method-assign]
+    torch.Tensor.cuda = tensor_cuda  # type: ignore[method-assign]
     torch.cuda.synchronize = lambda device=None: None
     _OnTheCpu().__enter__()  # for the rest of the script: the capture ends the process
 
@@ -249,6 +258,22 @@ def _gpu(value: Any) -> bool:
     return isinstance(value, str) and value.split(":", 1)[0] == "cuda"
 
 
+def _on_a_gpu(what: str) -> None:
+    """Remember the first place the script put a tensor on a GPU itself (``device="cuda"``,
+    ``.to("cuda")``, ``.cuda()``), as ``train.py:42: .to('cuda')``: the capture runs it on the
+    CPU, but the job runs the script as it is, so a plan for a machine without a GPU (the local
+    provider here) must say it will fail there. A script that asks ``torch.cuda.is_available()``
+    first never gets here."""
+    if "needs_gpu" in ANSWER:
+        return
+    script = STATE.get("script")
+    frame = sys._getframe(1)
+    while frame is not None and (script is None or frame.f_code.co_filename != str(script)):
+        frame = frame.f_back
+    where = f"{script.name}:{frame.f_lineno}: " if frame is not None and script else ""
+    ANSWER["needs_gpu"] = where + what
+
+
 class _OnTheCpu(torch.overrides.TorchFunctionMode):
     """Every torch function (factories, ``Tensor.to``, ``Module.to``'s per-tensor moves) sees
     the CPU where the script named a GPU."""
@@ -258,10 +283,15 @@ class _OnTheCpu(torch.overrides.TorchFunctionMode):
         kwargs = kwargs or {}
         device = kwargs.get("device")
         if device is not None and (_gpu(device) or type(device) is int):
+            _on_a_gpu(f"device={str(device)!r}")
             kwargs = {**kwargs, "device": "cpu"}
         if func is torch.Tensor.to:
-            args = tuple("cpu" if _gpu(a) or (i == 1 and type(a) is int) else a
-                         for i, a in enumerate(args))
+            moved = tuple("cpu" if _gpu(a) or (i == 1 and type(a) is int) else a
+                          for i, a in enumerate(args))
+            changed = [str(a) for a, m in zip(args, moved, strict=True) if a is not m]
+            if changed:
+                _on_a_gpu(f".to({changed[0]!r})")
+            args = moved
         elif func is torch.Tensor.pin_memory:
             return args[0]
         return func(*args, **kwargs)
@@ -465,6 +495,10 @@ def _learn_flags(rows: int | None) -> None:
         values["lr"] = found[0]["value"]
     ANSWER["flags"] = flags
     ANSWER["flag_values"] = values
+    devices = [o for o in options if norm(o) == "device" and isinstance(o["value"], str)
+               and o["value"].split(":", 1)[0] == "cuda"]
+    if len(devices) == 1:  # how the user runs it where there is no GPU: said, never given
+        ANSWER["cpu_flag"] = flag_text(flag(devices[0]), "cpu")
     accum = values.get("grad_accum_steps", 1) if "grad_accum_steps" in flags else 1
     _own_length(flags, values, rows, accum)
     _own_precision()
@@ -502,7 +536,8 @@ def _configurator_options() -> list[dict[str, Any]]:
              "configurator": found.group(1)}
             for name, value in vars(main).items()
             if ((name in names or "batch" in name) and isinstance(value, int)
-                or name in _LR_DESTS and isinstance(value, float))
+                or name in _LR_DESTS and isinstance(value, float)
+                or name == "device" and isinstance(value, str))
             and not name.startswith("_") and not isinstance(value, bool)]
 
 

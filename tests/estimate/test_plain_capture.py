@@ -551,6 +551,10 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runs]:
     r.plan("nanogpt_as_is", NANOGPT_CONFIGURATOR, "--micro-batch-size", "4", "--",
            "--batch_size=8", "--n_layer=2", files={"configurator.py": CONFIGURATOR})
     r.plan("on_a_gpu_50", ON_A_GPU, "--steps", "50")
+    folder = r.dir / "on_a_gpu_run"
+    folder.mkdir()
+    (folder / "main.py").write_text(ON_A_GPU)
+    r.futures["on_a_gpu_run"] = r.pool.submit(_launch, [str(folder / "main.py")], folder)
     for name in ("mnist", "nanogpt"):  # the scripts' own first two steps, for real
         r.futures[f"{name}_real"] = r.pool.submit(measure_step, r.scripts[name], Detected("plain"))
     yield r
@@ -604,6 +608,29 @@ def test_a_script_hard_coded_for_cuda_is_traced_on_a_machine_without_one(runs: R
     assert data["chosen"]["precision"] == "bf16_mixed"
     assert data["origins"]["precision"] == ("the script's own: torch.autocast('cuda', "
                                             "dtype=torch.bfloat16)")
+
+
+def test_a_script_hard_coded_for_cuda_is_not_run_where_there_is_no_gpu(runs: Runs) -> None:
+    """The capture ran it on the CPU; the job runs it as it is and would die at its first
+    ``.to("cuda")``: the local plan says so with the script's line, and ``launch main.py``
+    starts nothing (exit 2, one line). nanoGPT's ``--device=cuda`` global names its own way
+    out."""
+    data = runs.json("on_a_gpu")
+    assert data["chosen"]["machine"] == "local-cpu"  # this machine has no GPU
+    source = runs.scripts["on_a_gpu"].read_text().splitlines()
+    line = next(i for i, text in enumerate(source, 1) if "model = MLP().to(device)" in text)
+    said = [n for n in data["notes"] if "puts its tensors on a GPU" in n]
+    assert said == [f"main.py puts its tensors on a GPU (main.py:{line}: .to('cuda')) and this "
+                    "machine has none: the local job would fail: choose the device with "
+                    "torch.cuda.is_available() in the script, or pass --provider "
+                    "vertex|sagemaker"]
+    status, out, err = runs.futures["on_a_gpu_run"].result()
+    assert status == 2 and out == ""
+    assert err.strip().splitlines()[0].startswith("launch: error: main.py puts its tensors on a GPU")
+    assert "Traceback" not in err
+    assert not (runs.dir / "on_a_gpu_run" / "state" / "runs").exists()  # nothing started
+    nanogpt = [n for n in runs.json("nanogpt_as_is")["notes"] if "on a GPU" in n]
+    assert len(nanogpt) == 1 and "launch train.py -- --device=cpu" in nanogpt[0]
 
 
 def test_nanogpts_configurator_settings_are_its_flags(runs: Runs) -> None:
