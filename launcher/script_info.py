@@ -132,9 +132,17 @@ FLAG_VARIABLES = {"micro_batch_size": "LAUNCH_MICRO_BATCH_SIZE",
 PIN_ONLY = frozenset({"lr"})
 
 
+#: A learned setting read from an environment variable of the script's own: ``$BATCH_SIZE``
+#: (``_framework_child/script_options.py``).
+ENV_PREFIX = "$"
+
+
 def flag_text(flag: str, value: Any) -> str:
-    """A learned flag with its value as the script reads it: ``--batch-size 64``, or glued for
-    a flag learned ending in ``=`` (nanoGPT's configurator reads only ``--batch_size=64``)."""
+    """A learned flag with its value as the script reads it: ``--batch-size 64``, glued for a
+    flag learned ending in ``=`` (nanoGPT's configurator reads only ``--batch_size=64``), or
+    ``BATCH_SIZE=64`` for an environment variable."""
+    if flag.startswith(ENV_PREFIX):
+        return f"{flag[len(ENV_PREFIX):]}={value}"
     return f"{flag}{value}" if flag.endswith("=") else f"{flag} {value}"
 
 
@@ -147,7 +155,7 @@ def with_flags(args: tuple[str, ...] | list[str], flags: dict[str, str],
     ``PIN_ONLY`` setting is given only where the user ``pinned`` it."""
     out = list(args)
     for key, flag in flags.items():
-        if key in PIN_ONLY and key not in pinned:
+        if key in PIN_ONLY and key not in pinned or flag.startswith(ENV_PREFIX):
             continue
         value = getattr(plan, key, None) if key in FLAG_VARIABLES else None
         if value is None or value == own.get(key):
@@ -172,6 +180,31 @@ def with_flags(args: tuple[str, ...] | list[str], flags: dict[str, str],
     return tuple(out)
 
 
+def env_flags(flags: dict[str, str], plan: Any, pinned: tuple[str, ...] = ()
+              ) -> dict[str, str]:
+    """The environment a plain script that reads its settings from variables of its own
+    (``$BATCH_SIZE``: ``_framework_child/script_options.py``) gets for ``plan``: each such
+    variable set to the plan's value, also where that is the script's own (a variable the user
+    exported here is not in a cloud job's environment). A ``PIN_ONLY`` setting only where
+    ``pinned``."""
+    out = {}
+    for key, flag in flags.items():
+        if not flag.startswith(ENV_PREFIX) or key in PIN_ONLY and key not in pinned:
+            continue
+        value = getattr(plan, key, None) if key in FLAG_VARIABLES else None
+        if value is not None:
+            out[flag[len(ENV_PREFIX):]] = str(value)
+    return out
+
+
+def flag_words(flag: str) -> str:
+    """How the plan names a learned flag: ``--batch-size``, ``--batch_size=N``, or the
+    environment variable ``BATCH_SIZE``."""
+    if flag.startswith(ENV_PREFIX):
+        return f"${flag[len(ENV_PREFIX):]} (the script's own environment variable)"
+    return f"{flag + 'N' if flag.endswith('=') else flag} (the script's own flag)"
+
+
 def flag_variables(flags: dict[str, str]) -> frozenset[str]:
     """The ``LAUNCH_*`` variables a script's learned flags stand for."""
     return frozenset(FLAG_VARIABLES[k] for k in flags if k in FLAG_VARIABLES)
@@ -183,8 +216,8 @@ def flag_notes(name: str, flags: dict[str, str], plan: Any, reads: frozenset[str
     reads, ``plain_reads``)."""
     words = {"micro_batch_size": "micro-batch", "grad_accum_steps": "accumulation",
              "steps": "steps", "lr": "a pinned lr"}
-    notes = [f"{words[k]} -> {flag + 'N' if flag.endswith('=') else flag} (the script's own "
-             "flag)" for k, flag in flags.items() if k in FLAG_VARIABLES]
+    notes = [f"{words[k]} -> {flag_words(flag)}" for k, flag in flags.items()
+             if k in FLAG_VARIABLES]
     if (plan is not None and "micro_batch_size" in flags and plan.grad_accum_steps > 1
             and "grad_accum_steps" not in flags and "LAUNCH_GRAD_ACCUM_STEPS" not in reads):
         notes.append(f"{name} has no accumulation flag: it trains at "

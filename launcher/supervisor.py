@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ from launcher.providers.base import Job, JobState, Provider
 from launcher.remedies import Failure
 from launcher.render import RenderedJob, TrainSettings, render
 from launcher.runs import Attempt, Outcome, Run
+from launcher.script_info import env_flags
 from launcher.spec import Spec
 from launcher.status import ExitStatus
 
@@ -146,8 +147,12 @@ def build_job(spec: Spec, plan: Plan, run_id: str, number: int, run_path: Path) 
         max_grad_norm=spec.max_grad_norm, weight_decay=spec.weight_decay,
         framework=spec.framework, pinned=list(spec.pinned),
     )
-    # a plain script's learned flags carry this plan's micro-batch (Spec.args_for)
+    # a plain script's learned flags carry this plan's micro-batch (Spec.args_for), or its
+    # own environment variables do (script_info.env_flags)
     rendered: RenderedJob = render(plan, settings, spec.args_for(plan))
+    own_variables = env_flags(spec.script_flags, plan, spec.pinned)
+    if own_variables:
+        rendered = replace(rendered, env={**rendered.env, **own_variables})
     attempt_dir = run_path / f"attempt-{number}"
     return Job(
         run_id=run_id, attempt=number, plan=plan, rendered=rendered,

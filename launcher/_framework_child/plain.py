@@ -37,6 +37,7 @@ from launcher._framework_child.answer import ANSWER, STATE, Stop, note, write_an
 from launcher._framework_child.capture import finish, leaves, own, save_optimizer
 from launcher._framework_child.data_bound import bounded_inputs, bounded_shape, record_loaders
 from launcher._framework_child.measure import start_profile, stop_profile
+from launcher._framework_child.script_options import env_options, patch_click, patch_environ
 from launcher.script_info import flag_text
 
 #: Option names that say "the batch size" (their dest, ``-`` as ``_``), best first.
@@ -53,6 +54,8 @@ def patch_plain() -> None:
     """The hooks: argparse's parsed values, the top-level module calls, backward, and the first
     optimizer step (which stops the script)."""
     _patch_argparse()
+    patch_click(STATE["plain_parsers"])
+    patch_environ(STATE["script"])
     _patch_cuda()
     _patch_compile()
     autocasts = _patch_autocast()
@@ -447,7 +450,7 @@ def _learn_flags(rows: int | None) -> None:
     captured batch's rows (by name when several have that value), and, by name alone, its
     accumulation, steps and epochs."""
     options = [o for parser in STATE.get("plain_parsers", ()) for o in parser["options"]]
-    options += _configurator_options()
+    options += _configurator_options() + env_options()
     flags: dict[str, str] = {}
     values: dict[str, Any] = {}
 
