@@ -82,16 +82,19 @@ def run_one(name: str, source: str, folder: Path, repeat: int = 3) -> dict:
                source=data["model"].get("source"), notes=data.get("notes", []))
     t0 = time.perf_counter()
     reals, frees = [], []
+    timing: dict = {}
     for _ in range(repeat):
         try:
             reals.append(measure_step(script, Detected("plain"), timeout_s=600)["peak_allocated"])
         except Exception as exc:  # noqa: BLE001 - a row that says why
             row["failed"] = "measure: " + " ".join(str(exc).split())[:300]
             return row
-        free = hook_free(script)
+        free = hook_free(script, timing)
         if free is not None:
             frees.append(free)
     row["measure_s"] = time.perf_counter() - t0
+    if timing.get("first_step_s"):
+        row["first_step_s"] = statistics.median(timing["first_step_s"])
     row["real"] = int(statistics.median_low(reals))
     row["real_range"] = (min(reals), max(reals))
     row["error"] = (row["traced"] - row["real"]) / row["real"]
@@ -102,16 +105,20 @@ def run_one(name: str, source: str, folder: Path, repeat: int = 3) -> dict:
     return row
 
 
-def hook_free(script: Path) -> int | None:
+def hook_free(script: Path, timing: dict | None = None) -> int | None:
     """The script's own first two optimizer steps under the measure child's profiler window,
     without the capture's hooks (``--hook-free-child``, in a child): None if it did not get
-    there."""
+    there. ``timing["first_step_s"]`` receives the seconds from the child's start to its first
+    optimizer step (what ``python SCRIPT`` takes to start training: the plan's yardstick)."""
     import subprocess
 
     done = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--hook-free-child",
                            str(script)], cwd=script.parent, capture_output=True, text=True,
-                          timeout=600, check=False)
+                          timeout=600, check=False,
+                          env={**os.environ, "BENCH_SPAWNED_AT": repr(time.time())})
     for line in done.stdout.splitlines():
+        if line.startswith("FIRST-STEP ") and timing is not None:
+            timing.setdefault("first_step_s", []).append(float(line.split()[1]))
         if line.startswith("HOOK-FREE "):
             return int(line.split()[1])
     return None
@@ -154,6 +161,9 @@ def hook_free_child(script: str) -> int:
 
     def pre(*_: object) -> None:
         state["steps"] = state.get("steps", 0) + 1
+        if state["steps"] == 1:  # how long `python SCRIPT` takes to its first step
+            spawned = float(os.environ.get("BENCH_SPAWNED_AT", "nan"))
+            print(f"FIRST-STEP {time.time() - spawned:.3f}", flush=True)
         if state["steps"] < 3 or "prof" not in state:
             return
         prof = state.pop("prof")
@@ -210,6 +220,14 @@ def main() -> int:
             if args.notes:
                 for line in row.get("notes", []):
                     print(f"    note: {line}")
+    print()
+    print("| script | launch plan | python SCRIPT to its first step | difference |")
+    print("|---|---:|---:|---:|")
+    for row in rows:
+        first = row.get("first_step_s")
+        if first is not None:
+            print(f"| {row['name']} | {row['plan_s']:.1f} s | {first:.1f} s | "
+                  f"{row['plan_s'] - first:+.1f} s |")
     print()
     for key, what in (("error", "against measure_step"), ("free_error", "against hook-free")):
         errors = [r[key] for r in rows if key in r]

@@ -306,9 +306,10 @@ class Runner:
         return PlannedRun(spec, info, result, provider, settings=_recordable(options))
 
     def _prestart_trace(self, options: Mapping[str, Any]) -> bool:
-        """Start the estimator's trace child now if the plan will trace the recipe, so that its
-        torch import overlaps the recipe's loading (seconds off every traced preflight); say
-        whether it will (the trace then also counts the FLOPs the recipe probe would)."""
+        """Start the estimator's trace child now if the plan will trace (a recipe, or the
+        recipe a script's capture writes), so that its torch import overlaps the recipe's
+        loading or the script's capture (seconds off every traced preflight); say whether a
+        recipe will be traced (the trace then also counts the FLOPs the recipe probe would)."""
         from launcher.options import env_flag
         from launcher.recipe import classify
 
@@ -319,12 +320,14 @@ class Runner:
             mode, _hooks = classify(options["script"])
         except LaunchError:
             return False  # inspect_script says what is wrong
-        if mode != "recipe":
-            return False
         from launcher.estimate.trace_process import prestart
 
+        # A plain or framework script is run to its first step in a capture child first, then
+        # traced: the trace child imports torch and warms its fake tensors meanwhile (about 5 s
+        # of a plain script's plan, which is measured against the script's own time to its
+        # first step: bench_plain.py). It answers no probe: the capture reads the script.
         prestart()
-        return True
+        return mode == "recipe"
 
     def _write_report(self, planned: PlannedRun, report: Path) -> None:
         from launcher.report import plan_html, shown_command
