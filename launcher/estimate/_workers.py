@@ -116,25 +116,42 @@ def preimport(recipe_file: str | os.PathLike[str]) -> list[str]:
     forked workers share the import instead of each paying it. Local modules (next to the
     recipe, or anywhere outside the interpreter's own library folders) are the user's code and
     are left to the workers. Returns the names imported; an import that fails is left to the
-    worker too, which reports it with the user's file and line."""
-    try:
-        tree = ast.parse(Path(recipe_file).read_text(encoding="utf-8"))
-    except (OSError, SyntaxError, ValueError):
-        return []
+    worker too, which reports it with the user's file and line.
+
+    For a recipe a capture wrote, the user's script is read too, what its ``from X import Y``
+    names is fetched (transformers loads ``Trainer`` lazily, on first access), and the modules
+    of the model's and its blocks' classes (``capture.json``) are imported: GPT-2's took 4.5 s
+    of every worker of a Trainer script's trace. numpy's OpenBLAS would start threads as
+    these load, which would make every later worker a fresh interpreter (``fork_safe``): the
+    trace child runs with ``OPENBLAS_NUM_THREADS=1`` (``trace_process._spawn``)."""
+    recipe = Path(recipe_file)
+    capture = _capture_of(recipe)
+    script = capture.get("script")
     names: list[str] = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            names += [alias.name.split(".")[0] for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            names.append(node.module.split(".")[0])
+    fetch: dict[str, list[str]] = {}
+    for source in (recipe, Path(script) if isinstance(script, str) else None):
+        try:
+            tree = ast.parse(source.read_text(encoding="utf-8")) if source else None
+        except (OSError, SyntaxError, ValueError):
+            continue
+        for node in ast.walk(tree) if tree is not None else ():
+            if isinstance(node, ast.Import):
+                names += [alias.name.split(".")[0] for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names.append(node.module.split(".")[0])
+                if source is not recipe and "." not in node.module:
+                    fetch.setdefault(node.module, []).extend(a.name for a in node.names)
+    for qualified in [capture.get("model_class"), *(capture.get("wrap_modules") or [])]:
+        if isinstance(qualified, str) and "." in qualified:
+            names.append(qualified.rsplit(".", 1)[0])
     libraries = {str(Path(p).resolve()) for key, p in sysconfig.get_paths().items()
                  if key in ("stdlib", "platstdlib", "purelib", "platlib")}
     imported = []
     for name in dict.fromkeys(names):
-        if name in sys.modules:
+        if name in sys.modules and not fetch.get(name):
             continue
         try:
-            spec = importlib.util.find_spec(name)
+            spec = importlib.util.find_spec(name.split(".")[0])
         except (ImportError, ValueError):
             continue
         origin = spec and (spec.origin or next(iter(spec.submodule_search_locations or []), None))
@@ -143,9 +160,22 @@ def preimport(recipe_file: str | os.PathLike[str]) -> list[str]:
         if not any(str(Path(origin).resolve()).startswith(lib + os.sep) for lib in libraries):
             continue
         with contextlib.suppress(Exception):
-            importlib.import_module(name)
-            imported.append(name)
+            if name not in sys.modules:
+                imported.append(name)
+            module = importlib.import_module(name)
+            for attribute in fetch.get(name, ()):
+                with contextlib.suppress(Exception):
+                    getattr(module, attribute)
     return imported
+
+
+def _capture_of(recipe: Path) -> dict[str, Any]:
+    """What a capture wrote beside a recipe (``capture.json``), or nothing."""
+    try:
+        capture = json.loads((recipe.parent / "capture.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return capture if isinstance(capture, dict) else {}
 
 
 def run_all(requests: list[dict[str, Any]], serve: Callable[[dict[str, Any]], dict[str, Any]],

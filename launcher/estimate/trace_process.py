@@ -149,6 +149,10 @@ def _spawn(python: str, warm: bool = False) -> subprocess.Popen[str]:
         [str(_REPO_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
     )
     env.setdefault("PYTHONUNBUFFERED", "1")
+    # numpy's OpenBLAS starts its thread pool when numpy loads (a model's module imports it),
+    # and a thread makes every later worker a fresh interpreter (_workers.fork_safe): the
+    # workers trace on fake tensors, and need no BLAS threads
+    env.setdefault("OPENBLAS_NUM_THREADS", "1")
     if warm:
         env["LAUNCH_TRACE_WARM"] = "1"  # warm up the lazily imported fake-tensor modules too
     from launcher.processes import PREFLIGHT_VAR, die_with_parent, new_token

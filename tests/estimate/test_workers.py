@@ -227,3 +227,41 @@ def training_step(model, batch):
     assert proc.returncode == 0, proc.stderr
     lines = seen.read_text().splitlines()
     assert len(lines) >= 2 and set(lines) == {"False eu-west-1"}, lines
+
+
+def test_a_captured_recipe_preimports_what_the_users_script_and_model_need(tmp_path: Path
+                                                                          ) -> None:
+    """The packages the script imports, the names it takes from them (fetched: a lazy package
+    loads them on access), and the modules of the model's and its blocks' classes are imported
+    once in the trace child, for every forked worker; the script's own modules are not (they
+    are the user's code, run in workers only), and none of it starts a thread while the trace
+    child runs with OPENBLAS_NUM_THREADS=1 (numpy, which transformers imports, would start its
+    pool)."""
+    import json
+
+    folder = tmp_path / "capture"
+    folder.mkdir()
+    (folder / "recipe.py").write_text("import torch\n")
+    script = tmp_path / "train.py"
+    script.write_text("import colorsys\nfrom transformers import GPT2Config\n"
+                      "from mymodels import Net\n")
+    (tmp_path / "mymodels.py").write_text("raise SystemExit('the user\\'s module was run')\n")
+    (folder / "capture.json").write_text(json.dumps({
+        "script": str(script), "model_class": "xml.dom.minidom.Document",
+        "wrap_modules": ["json.decoder.JSONDecoder"]}))
+    code = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(tmp_path)!r})
+        from launcher.estimate import _workers
+        import torch
+        _workers.prepare()
+        done = _workers.preimport({str(folder / "recipe.py")!r})
+        print(sorted(done))
+        print("transformers.models.gpt2.configuration_gpt2" in sys.modules,
+              "mymodels" in sys.modules, _workers.fork_safe())
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "OPENBLAS_NUM_THREADS": "1"},
+                         check=True).stdout.splitlines()
+    assert out[0] == str(sorted(["colorsys", "transformers", "xml.dom.minidom"]))
+    assert out[1] == "True False True"  # GPT2Config fetched; the user's module not
