@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -42,6 +43,7 @@ from launcher._framework_child.batch_dim import (
 )
 from launcher._framework_child.capture import finish, leaves, own, save_optimizer
 from launcher._framework_child.data_bound import bounded_inputs, bounded_shape, record_loaders
+from launcher._framework_child.manual_step import watch_plain
 from launcher._framework_child.measure import start_profile, stop_profile
 from launcher.script_info import flag_text
 
@@ -115,7 +117,7 @@ def patch_plain() -> None:
             # one the capture itself runs, nor the re-entry a torch function mode makes
             # (``_OnTheCpu``: torch's backward hands itself to the mode, which calls it again)
             STATE["plain_loss"] = self
-            STATE["plain_frame"] = dict(sys._getframe(1).f_locals)
+            STATE["plain_frame"] = dict(_caller().f_locals)
         outer, inside[0] = inside[0], True
         try:
             return backward(self, *args, **kwargs)
@@ -138,6 +140,18 @@ def patch_plain() -> None:
         raise Stop
 
     register_optimizer_step_pre_hook(first_step)
+    # a loop with no optimizer, which updates its weights by hand (word_language_model)
+    watch_plain(capture_step)
+
+
+def _caller() -> Any:
+    """The frame that called ``backward``: the loop's, past the capture's own wrappers of it
+    (``manual_step`` wraps it again)."""
+    frame = sys._getframe(2)
+    here = os.path.dirname(__file__)
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(here):
+        frame = frame.f_back
+    return frame
 
 
 def _patch_cuda() -> None:
