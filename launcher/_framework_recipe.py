@@ -15,7 +15,10 @@ and the step the framework would run:
   the model's own, or the loss function of its output that the capture matched by value;
 - a plain PyTorch script (``_framework_child/plain.py``): the model called with the inputs of its
   last call before the first optimizer step, and the loop's loss found the same way (or an
-  element of the output tuple, nanoGPT's ``logits, loss``).
+  element of the output tuple, nanoGPT's ``logits, loss``). Its batch is resized along its own
+  batch dimension, tensor by tensor (``batch_layout``: dimension 1 of a sequence-first loop's
+  ``[seq, batch]`` tokens and ``[layers, batch, hidden]`` state, a flattened ``[seq * batch]``
+  target as the dimensions it was flattened from; ``_framework_child/batch_dim.py``).
 
 ``build_optimizer`` rebuilds the optimizer the framework made (its class and settings), so the
 trace holds the state that optimizer holds. Imported from launcher/ as a module it does nothing:

@@ -12,7 +12,12 @@ what it has seen by then:
   own loss, an element of its output tuple (nanoGPT's ``logits, loss``), or a loss function of
   its output and one of those tensors (accelerate's ``match_loss``);
 - ``argparse``: each parser's options and the values it parsed, from which the script's batch
-  flag is learned (the option whose value is the batch's leading dimension).
+  flag is learned (the option whose value is the batch's rows);
+- the batch's dimension (``batch_dim``): dimension 0, or dimension 1 of a sequence-first loop's
+  ``[seq, batch]`` input, which its ``batch_first=False`` layers tell; a flattened target
+  (``[seq * batch]``) is one of the batch's tensors too;
+- a loop with no optimizer, which updates its weights by hand (``manual_step``): its first step
+  ends where its next one starts, and is captured there.
 
 A script written for the GPU it will get is run here without one: ``torch.cuda.is_available()``
 is false, and ``.cuda()`` on a module or tensor stays on the CPU.

@@ -1027,3 +1027,43 @@ def test_a_sequence_first_scripts_traced_peak_is_near_its_own_steps(runs: Runs, 
     traced = data["chosen"]["memory"]["peak_allocated"]
     real = runs.futures[f"{name}_real"].result()["peak_allocated"]
     assert -0.03 <= (traced - real) / real <= 0.05, (traced, real)
+
+
+def test_the_batch_dimension_is_the_models_word_and_a_doubt_is_said() -> None:
+    """word_language_model's inputs, ``data [35, 20]`` and the LSTM's ``(h, c)`` of ``[2, 20,
+    64]``: with its sequence-first LSTM seen taking 20 rows, the batch is dimension 1 of the
+    tokens, 20 rows; a flattened target (``[35 * 20]``, and a batch-first loop's ``[12 * 64]``)
+    is resized as the dimensions it was flattened from. Without the model's word the most common
+    first dimension (2, the layers) is taken, and the plan says it may not be the batch."""
+    import torch
+
+    from launcher._framework_child import answer, batch_dim
+
+    inputs = {"args": [torch.zeros(35, 20, dtype=torch.long),
+                       (torch.zeros(2, 20, 64), torch.zeros(2, 20, 64))], "kwargs": {},
+              "extra": {}}
+    saved_answer, saved_state = dict(answer.ANSWER), dict(answer.STATE)
+    try:
+        answer.ANSWER.clear()
+        answer.ANSWER.update(reached=False, notes=[])
+        answer.STATE.clear()
+        guessed = batch_dim.find_batch_dim(inputs)
+        assert (guessed.dim, guessed.rows) == (0, 2)
+        assert any("differ in their first dimension (35, 2, 2)" in n and "may not be its batch"
+                   in n for n in answer.ANSWER["notes"])
+        answer.ANSWER["notes"].clear()
+        answer.STATE["sequence_first_rows"] = [20, 20]
+        found = batch_dim.find_batch_dim(inputs)
+        assert (found.dim, found.rows, found.main) == (1, 20, (35, 20))
+        assert answer.ANSWER["notes"] == []
+        assert batch_dim.layout_of(torch.zeros(700, dtype=torch.long), found) == {
+            "dim": 1, "flat": [35, 20]}
+        assert batch_dim.layout_of(torch.zeros(35, 35), found) is None  # a mask: copied
+        batch_first = batch_dim.BatchDim(0, 12, (12, 64))
+        assert batch_dim.layout_of(torch.zeros(768), batch_first) == {"dim": 0, "flat": [12, 64]}
+        assert batch_dim.layout_of(torch.zeros(12, 64), batch_first) == {"dim": 0}
+    finally:
+        answer.ANSWER.clear()
+        answer.ANSWER.update(saved_answer)
+        answer.STATE.clear()
+        answer.STATE.update(saved_state)
