@@ -25,9 +25,12 @@ input's leading dimensions where its first dimension is their product (a flatten
 flattened target is also what the loop's loss is matched against (``flattened``), in
 batch-first loops too (``targets.view(-1)`` of ``[batch * seq]``).
 
-Where the inputs disagree on their first dimension and no module says which is the batch, the
-most common first dimension is still taken, with a note that says the plan's micro-batch may not
-be the script's batch: never a silently wrong number.
+The script's own settings named for its batch (``--batch_size``, a ``batch_size`` global) are
+the second witness: they overrule a sequence-first layer that was handed a ``[batch, seq]``
+input (``batch_first`` forgotten), with a note, and where the inputs disagree on their first
+dimension and no module says which is the batch, the dimension such a setting holds is the
+batch. Failing both, the most common first dimension is still taken, with a note that says the
+plan's micro-batch may not be the script's batch: never a silently wrong number.
 """
 
 from __future__ import annotations
@@ -89,15 +92,29 @@ class BatchDim:
 def find_batch_dim(batch: Any) -> BatchDim:
     """The batch dimension of ``batch`` (the model's inputs): dimension ``d`` of the first input
     where a sequence-first module inside the model saw that many rows, else dimension 0 with its
-    most common size (with a note where the inputs' first dimensions disagree)."""
+    most common size.
+
+    The script's own settings named for the batch (``--batch_size``, a ``batch_size`` global:
+    ``batch_named``) check the model's word: a sequence-first layer given a ``[batch, seq]``
+    input (``nn.TransformerEncoderLayer`` without ``batch_first=True``, a common slip) says the
+    sequence is the batch, and the setting that holds the input's first dimension wins, with a
+    note. Where the inputs disagree on their first dimension and the model says nothing, the
+    dimension of the first input that such a setting holds is taken; else the most common first
+    dimension, with a note that it may not be the batch."""
     tensors = [t for t in leaves(batch) if t.dim() > 0]
     if not tensors:
         return BatchDim(0, None)
     main = tuple(int(s) for s in tensors[0].shape)
+    named = batch_named()
     seen = STATE.get(_SEEN) or []
     if seen:
         rows = Counter(seen).most_common(1)[0][0]
         dims = [d for d, size in enumerate(main) if size == rows]
+        if dims and dims[0] and main[0] in named and rows not in named:
+            note(f"the model's sequence-first layers take dimension {dims[0]} of its input "
+                 f"{list(main)} as the batch, but the script's batch size is {main[0]}, its "
+                 "dimension 0: planned so (do those layers want batch_first=True?)")
+            return BatchDim(0, main[0], main)
         if dims:
             dim = dims[0]
             how = ("" if dim == 0 else
@@ -105,12 +122,41 @@ def find_batch_dim(batch: Any) -> BatchDim:
                    f"sequence-first layers take [seq, batch, ...]): {rows} rows")
             return BatchDim(dim, rows, main, how)
     firsts = [int(t.shape[0]) for t in tensors]
+    if len(set(firsts)) > 1:
+        dims = [d for d, size in enumerate(main) if size in named]
+        if len(dims) == 1:
+            return BatchDim(dims[0], main[dims[0]], main, "" if not dims[0] else (
+                f"the batch is dimension {dims[0]} of the model's input {list(main)} (the "
+                f"script's batch size, {main[dims[0]]}): {main[dims[0]]} rows"))
     rows = max(set(firsts), key=lambda size: (firsts.count(size), size == main[0]))
     if len(set(firsts)) > 1:
         note(f"the model's inputs differ in their first dimension ({', '.join(map(str, firsts))}) "
              f"and nothing in the model says which is the batch: the plan takes {rows} rows as "
              "the script's batch, which may not be its batch size")
     return BatchDim(0, rows, main)
+
+
+#: Settings named for another batch than the training step's.
+_OTHER_BATCHES = ("eval", "test", "val", "valid", "infer", "predict")
+
+
+def batch_named() -> set[int]:
+    """The values of the script's own int settings named for its (training) batch: its argparse
+    options (``--batch_size``, ``--batch-size``, ``-b``'s ``batch_size`` dest) and its
+    module-level globals (the tutorial's ``batch_size = 20``, nanoGPT's), not an evaluation's."""
+    import sys
+
+    found: dict[str, Any] = {}
+    for parser in STATE.get("plain_parsers") or ():
+        for option in parser["options"]:
+            found[option["dest"]] = option["value"]
+    main = sys.modules.get("__main__")
+    for name, value in (vars(main).items() if main is not None else ()):
+        found.setdefault(name, value)
+    return {value for name, value in found.items()
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0
+            and "batch" in name.lower().replace("-", "_")
+            and not any(other in name.lower() for other in _OTHER_BATCHES)}
 
 
 def flattened(tensor: torch.Tensor, found: BatchDim) -> list[int] | None:

@@ -1059,6 +1059,20 @@ def test_the_batch_dimension_is_the_models_word_and_a_doubt_is_said() -> None:
         assert batch_dim.layout_of(torch.zeros(700, dtype=torch.long), found) == {
             "dim": 1, "flat": [35, 20]}
         assert batch_dim.layout_of(torch.zeros(35, 35), found) is None  # a mask: copied
+        # without the model's word, the script's --batch_size 20 tells the dimension
+        answer.STATE.clear()
+        answer.STATE["plain_parsers"] = [{"prog": "main.py", "options": [
+            {"options": ["--bptt"], "dest": "bptt", "value": 35},
+            {"options": ["--batch_size"], "dest": "batch_size", "value": 20}]}]
+        named = batch_dim.find_batch_dim(inputs)
+        assert (named.dim, named.rows) == (1, 20) and answer.ANSWER["notes"] == []
+        # a sequence-first layer handed [batch, seq] (batch_first forgotten) saw 35 "rows":
+        # the script's batch size, the input's first dimension, overrules it, with a note
+        answer.STATE["sequence_first_rows"] = [35]
+        slip = batch_dim.find_batch_dim({"args": [torch.zeros(20, 35, dtype=torch.long)],
+                                         "kwargs": {}, "extra": {}})
+        assert (slip.dim, slip.rows) == (0, 20)
+        assert any("batch_first=True" in n for n in answer.ANSWER["notes"])
         batch_first = batch_dim.BatchDim(0, 12, (12, 64))
         assert batch_dim.layout_of(torch.zeros(768), batch_first) == {"dim": 0, "flat": [12, 64]}
         assert batch_dim.layout_of(torch.zeros(12, 64), batch_first) == {"dim": 0}
