@@ -268,7 +268,7 @@ def _resized_along(value: torch.Tensor, layout: dict[str, Any] | None, rows: int
         shaped = shaped.narrow(dim, 0, batch_size)
     else:
         shaped = torch.cat([shaped] * -(-batch_size // rows), dim).narrow(dim, 0, batch_size)
-    shaped = shaped.contiguous().clone() if shaped.is_contiguous() else shaped.contiguous()
+    shaped = shaped.clone(memory_format=torch.contiguous_format)  # its own, of its own size
     return shaped.reshape(-1, *value.shape[1:]) if flat is not None else shaped
 
 
