@@ -1081,3 +1081,45 @@ def test_the_batch_dimension_is_the_models_word_and_a_doubt_is_said() -> None:
         answer.ANSWER.update(saved_answer)
         answer.STATE.clear()
         answer.STATE.update(saved_state)
+
+
+#: Gradients accumulated over three backwards, then an update by hand: every forward after a
+#: backward but the fourth sees the weights unchanged. Each update is written to updates.log.
+ACCUMULATED_BY_HAND = '''
+import argparse
+
+import torch
+import torch.nn as nn
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--batch-size", type=int, default=8)
+parser.add_argument("--accum", type=int, default=3)
+args = parser.parse_args()
+model = nn.Sequential(nn.Linear(32, 256), nn.ReLU(), nn.Linear(256, 4))
+for step in range(4):
+    for micro in range(args.accum):
+        x, y = torch.randn(args.batch_size, 32), torch.randint(0, 4, (args.batch_size,))
+        loss = nn.functional.cross_entropy(model(x), y)
+        (loss / args.accum).backward()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(p.grad, alpha=-0.1)
+            p.grad = None
+    with open("updates.log", "a") as log:
+        log.write(f"update {step}\\n")
+'''
+
+
+def test_a_loop_accumulating_by_hand_is_captured_after_its_update_not_between_backwards(
+        tmp_path: Path) -> None:
+    """Three backwards, then the update: the forwards between them (weights unchanged) are no
+    step boundary; the one after the update is, so the capture stops after exactly one update."""
+    from launcher.frameworks import capture
+
+    script = tmp_path / "main.py"
+    script.write_text(ACCUMULATED_BY_HAND)
+    found = capture(script, Detected("plain"), folder=tmp_path / "capture", hardware=False)
+    assert found.reached, found.notes
+    assert (tmp_path / "updates.log").read_text() == "update 0\n"
+    assert any("updates its weights itself" in n and "next forward" in n for n in found.notes)
+    assert found.flags["micro_batch_size"] == "--batch-size"
