@@ -128,7 +128,8 @@ def hook_free_child(script: str) -> int:
     """Run ``script`` as ``__main__`` with CUDA mapped to the CPU as the capture maps it
     (``plain._patch_cuda``, which holds no tensor), the CPU profiler started at its first
     top-level module call with gradients and stopped at its third optimizer step's pre-hook, as
-    ``frameworks.measure_step`` does; print ``HOOK-FREE <weights and buffers + peak above>``."""
+    ``frameworks.measure_step`` does (or at its third step by hand, for a loop without an
+    optimizer); print ``HOOK-FREE <weights and buffers + peak above>``."""
     import runpy
 
     import torch
@@ -136,6 +137,7 @@ def hook_free_child(script: str) -> int:
     from torch.profiler import ProfilerActivity, profile
 
     from launcher._framework_child import plain
+    from launcher._framework_child.manual_step import watch_manual_steps
     from launcher._framework_child.measure import profiled_peak
 
     sys.argv = [script]
@@ -174,6 +176,10 @@ def hook_free_child(script: str) -> int:
 
     torch.nn.Module.__call__ = hooked  # type: ignore[method-assign]
     register_optimizer_step_pre_hook(pre)
+    # a loop that updates its weights by hand (word_language_model): its steps are counted
+    # where the next one starts, as the measure child counts them (manual_step.py)
+    watch_manual_steps(lambda: [p for p in state["model"].parameters() if p.requires_grad]
+                       if "model" in state else [], lambda changed, where: pre())
     try:
         runpy.run_path(script, run_name="__main__")
     except Done:

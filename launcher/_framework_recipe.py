@@ -15,7 +15,10 @@ and the step the framework would run:
   the model's own, or the loss function of its output that the capture matched by value;
 - a plain PyTorch script (``_framework_child/plain.py``): the model called with the inputs of its
   last call before the first optimizer step, and the loop's loss found the same way (or an
-  element of the output tuple, nanoGPT's ``logits, loss``).
+  element of the output tuple, nanoGPT's ``logits, loss``). Its batch is resized along its own
+  batch dimension, tensor by tensor (``batch_layout``: dimension 1 of a sequence-first loop's
+  ``[seq, batch]`` tokens and ``[layers, batch, hidden]`` state, a flattened ``[seq * batch]``
+  target as the dimensions it was flattened from; ``_framework_child/batch_dim.py``).
 
 ``build_optimizer`` rebuilds the optimizer the framework made (its class and settings), so the
 trace holds the state that optimizer holds. Imported from launcher/ as a module it does nothing:
@@ -224,9 +227,13 @@ def example_batch(batch_size: int) -> Any:
 
 def _resized(batch_size: int) -> Any:
     rows = _capture().get("batch_size")
+    layouts = iter(_capture().get("batch_layout") or ())
+    laid_out = "batch_layout" in _capture()  # a plain capture: each tensor's own layout
 
     def resize(value: Any) -> Any:
         if isinstance(value, torch.Tensor):
+            if laid_out:
+                return _resized_along(value, next(layouts, None), rows, batch_size)
             if value.dim() == 0 or value.shape[0] != rows:
                 return value.clone()
             if batch_size <= rows:
@@ -240,6 +247,29 @@ def _resized(batch_size: int) -> Any:
         return value
 
     return resize(_BATCH)
+
+
+def _resized_along(value: torch.Tensor, layout: dict[str, Any] | None, rows: int,
+                   batch_size: int) -> torch.Tensor:
+    """One tensor of a plain capture at ``batch_size`` rows, as its layout says
+    (``_framework_child/batch_dim.py``): along its batch dimension (1 for a sequence-first
+    loop's ``[seq, batch]`` input and ``[layers, batch, hidden]`` state), or, for a target the
+    loop flattened (``[seq * batch]``), as the input's leading dimensions it was flattened from;
+    a tensor that is not the batch's is copied as it is."""
+    if layout is None:
+        return value.clone()
+    dim, flat = int(layout["dim"]), layout.get("flat")
+    if dim == 0 and flat is None:  # as the batch-first loops always were
+        if batch_size <= rows:
+            return value[:batch_size].clone()
+        return torch.cat([value] * -(-batch_size // rows))[:batch_size]
+    shaped = value.reshape(*flat, *value.shape[1:]) if flat is not None else value
+    if batch_size <= rows:
+        shaped = shaped.narrow(dim, 0, batch_size)
+    else:
+        shaped = torch.cat([shaped] * -(-batch_size // rows), dim).narrow(dim, 0, batch_size)
+    shaped = shaped.clone(memory_format=torch.contiguous_format)  # its own, of its own size
+    return shaped.reshape(-1, *value.shape[1:]) if flat is not None else shaped
 
 
 def _output_loss(out: Any) -> torch.Tensor | None:
@@ -312,8 +342,10 @@ def training_step(model: torch.nn.Module, batch: Any) -> torch.Tensor:
         # The loop binds the step's output to a name: Python keeps it alive through backward
         # and the optimizer step, until the next forward returns and the name is bound again.
         # The last step's output at this size is that one; at a new size, one of its shape.
-        rows = len(_first_rows(batch["args"] + list(batch["kwargs"].values()))
-                   if plain else _first_rows(batch))
+        first = (_first_rows(batch["args"] + list(batch["kwargs"].values())) if plain
+                 else _first_rows(batch))
+        dim = int(_capture().get("batch_dim") or 0)  # a sequence-first input's is 1
+        rows = first.shape[dim] if first.dim() > dim else len(first)
         if _HELD and _HELD[0] != rows:
             _HELD.clear()
         ghost = [] if _HELD else [torch.empty(_rows(shape, rows), dtype=getattr(torch, dtype))
@@ -349,9 +381,13 @@ def _last_gradients(model: torch.nn.Module) -> list[torch.Tensor]:
 
 
 def _rows(shape: list[int], batch_size: int) -> list[int]:
-    """A captured output's shape at ``batch_size``: its first dimension scaled when it was the
+    """A captured output's shape at ``batch_size``: its batch dimension scaled (dimension 1 of
+    a sequence-first loop's ``[seq, batch, vocab]``), else its first dimension when it was the
     captured batch's (a flattened ``[rows * seq, ...]`` output too)."""
     rows = _capture().get("batch_size") or 1
+    dim = int(_capture().get("batch_dim") or 0)
+    if 0 < dim < len(shape) and shape[dim] == rows:
+        return [*shape[:dim], batch_size, *shape[dim + 1:]]
     if shape and shape[0] % rows == 0:
         return [shape[0] // rows * batch_size, *shape[1:]]
     return list(shape)

@@ -26,7 +26,9 @@ framework's own step, which the traced estimate is checked against.
 The package, one job per module: ``__main__`` (the entry: arguments, the script run as
 ``__main__``, its errors as notes), ``answer`` (``capture.json`` and the state the hooks share),
 ``capture`` (what is written: the model, the batch, the optimizer's settings), ``hf``,
-``lightning`` and ``accelerate`` (each framework's hooks), ``plain`` (a plain PyTorch loop),
+``lightning`` and ``accelerate`` (each framework's hooks), ``plain`` (a plain PyTorch loop;
+``batch_dim``: which dimension of its batch is the batch, ``manual_step``: a loop that updates
+its weights by hand),
 ``data_bound`` (the largest batch the training data makes, where its batches vary in shape: the
 batch traced instead of the first), ``measure`` (``--measure``: the framework's own step under
 the CPU profiler).

@@ -12,7 +12,12 @@ what it has seen by then:
   own loss, an element of its output tuple (nanoGPT's ``logits, loss``), or a loss function of
   its output and one of those tensors (accelerate's ``match_loss``);
 - ``argparse``: each parser's options and the values it parsed, from which the script's batch
-  flag is learned (the option whose value is the batch's leading dimension).
+  flag is learned (the option whose value is the batch's rows);
+- the batch's dimension (``batch_dim``): dimension 0, or dimension 1 of a sequence-first loop's
+  ``[seq, batch]`` input, which its ``batch_first=False`` layers tell; a flattened target
+  (``[seq * batch]``) is one of the batch's tensors too;
+- a loop with no optimizer, which updates its weights by hand (``manual_step``): its first step
+  ends where its next one starts, and is captured there.
 
 A script written for the GPU it will get is run here without one: ``torch.cuda.is_available()``
 is false, and ``.cuda()`` on a module or tensor stays on the CPU.
@@ -22,7 +27,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -34,8 +41,14 @@ from launcher._framework_child.accelerate import (
     tensors_of,
 )
 from launcher._framework_child.answer import ANSWER, STATE, Stop, note, write_answer
+from launcher._framework_child.batch_dim import (
+    find_batch_dim,
+    record_batch_dim,
+    watch_sequence_first,
+)
 from launcher._framework_child.capture import finish, leaves, own, save_optimizer
 from launcher._framework_child.data_bound import bounded_inputs, bounded_shape, record_loaders
+from launcher._framework_child.manual_step import watch_plain
 from launcher._framework_child.measure import start_profile, stop_profile
 from launcher._framework_child.script_options import env_options, patch_click, patch_environ
 from launcher.script_info import flag_text
@@ -69,6 +82,7 @@ def patch_plain() -> None:
     for owner in (torch.optim.Optimizer, torch.nn.Module):
         _record_zero_grad(owner, order)
     record_loaders()
+    watch_sequence_first()
     calls: dict[int, tuple[torch.nn.Module, tuple, dict, Any]] = {}
     STATE["plain_calls"] = calls
     depth = [0]
@@ -111,7 +125,7 @@ def patch_plain() -> None:
             # one the capture itself runs, nor the re-entry a torch function mode makes
             # (``_OnTheCpu``: torch's backward hands itself to the mode, which calls it again)
             STATE["plain_loss"] = self
-            STATE["plain_frame"] = dict(sys._getframe(1).f_locals)
+            STATE["plain_frame"] = dict(_caller().f_locals)
         outer, inside[0] = inside[0], True
         try:
             return backward(self, *args, **kwargs)
@@ -134,6 +148,18 @@ def patch_plain() -> None:
         raise Stop
 
     register_optimizer_step_pre_hook(first_step)
+    # a loop with no optimizer, which updates its weights by hand (word_language_model)
+    watch_plain(capture_step)
+
+
+def _caller() -> Any:
+    """The frame that called ``backward``: the loop's, past the capture's own wrappers of it
+    (``manual_step`` wraps it again)."""
+    frame = sys._getframe(2)
+    here = os.path.dirname(__file__)
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(here):
+        frame = frame.f_back
+    return frame
 
 
 def _patch_cuda() -> None:
@@ -358,10 +384,18 @@ def _capture(optimizer: torch.optim.Optimizer) -> None:
         note("the optimizer holds parameters outside the traced model: their states are not "
              "counted")
     save_optimizer(optimizer)
+    capture_step(model, args, kwargs, out)
+
+
+def capture_step(model: torch.nn.Module, args: tuple, kwargs: dict, out: Any) -> None:
+    """The step of ``model``'s last call (its inputs, the loop's loss of its output), written
+    as the capture; the optimizer, if any, is saved already. The batch's rows are along its
+    batch dimension (``batch_dim``: dimension 1 of a sequence-first loop's input)."""
     batch = {"args": list(args), "kwargs": dict(kwargs), "extra": {}}
-    rows = _rows(batch)
+    found = find_batch_dim(batch)
+    rows = found.rows
     step: dict[str, Any] = {"kind": "plain"}
-    step.update(_loss(out, rows, batch))
+    step.update(_loss(out, rows, batch, found.holds))
     if _grads_through_forward():
         step["grads_through_forward"] = True
     # the largest batch the loop's DataLoader makes, where its batches vary in shape
@@ -371,20 +405,15 @@ def _capture(optimizer: torch.optim.Optimizer) -> None:
                                for t in leaves(tensors_of(out))]
     ANSWER["settings"] = {"batch_size": rows}
     finish(_unwrapped(model), batch, step)
+    record_batch_dim(batch, found)
     _learn_flags(rows)
     write_answer()
 
 
-def _rows(batch: Any) -> int | None:
-    from launcher._framework_child.capture import leaves
-
-    sizes = [t.shape[0] for t in leaves(batch) if t.dim() > 0]
-    return max(set(sizes), key=sizes.count) if sizes else None
-
-
-def _loss(out: Any, rows: int | None, batch: dict[str, Any]) -> dict[str, Any]:
+def _loss(out: Any, rows: int | None, batch: dict[str, Any],
+          batched: Callable[[torch.Tensor], bool] | None = None) -> dict[str, Any]:
     """How the loop's loss came from the model's output (``batch["extra"]`` receives the loop's
-    tensor the loss function took)."""
+    tensor the loss function took: one of the batch's, ``batched``, else of its ``rows``)."""
     import torch.nn.functional as F
 
     loss = STATE.get("plain_loss")
@@ -405,7 +434,8 @@ def _loss(out: Any, rows: int | None, batch: dict[str, Any]) -> dict[str, Any]:
     inputs = {id(t) for t in _tensors(batch)}
     candidates = {name: value for name, value in (STATE.get("plain_frame") or {}).items()
                   if isinstance(value, torch.Tensor) and id(value) not in inputs
-                  and not value.requires_grad and value.dim() > 0 and value.shape[0] == rows}
+                  and not value.requires_grad and value.dim() > 0
+                  and (value.shape[0] == rows if batched is None else batched(value))}
     match = match_loss(out, candidates, loss, F)
     if match is not None:
         batch["extra"][match["target"]] = candidates[match["target"]]
