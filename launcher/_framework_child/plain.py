@@ -52,8 +52,11 @@ _LR_DESTS = ("lr", "learning_rate", "base_lr")
 def patch_plain() -> None:
     """The hooks: argparse's parsed values, the top-level module calls, backward, and the first
     optimizer step (which stops the script)."""
+    from launcher._framework_child.pipeline import record_backward, record_call, record_optimizers
+
     _patch_argparse()
     _patch_cuda()
+    record_optimizers()
     _patch_compile()
     autocasts = _patch_autocast()
     #: a top-level call without gradients before the first step (an evaluation: nanoGPT's
@@ -80,6 +83,9 @@ def patch_plain() -> None:
             if "measured_model" not in STATE and any(True for _ in self.parameters()):
                 STATE["measured_model"] = self
                 start_profile()  # from the loop's first forward on
+            if "profile" in STATE and any(True for _ in self.parameters()):
+                # every module the step calls: their weights are the step's too (a decoder's)
+                STATE.setdefault("measured_models", {})[id(self)] = self
             # measured, not captured: nothing of the step is kept, or the measurement would
             # hold a batch and an output the script itself had let go (786,560 B on a ResNet)
             return module_call(self, *args, **kwargs)
@@ -93,6 +99,7 @@ def patch_plain() -> None:
             depth[0] -= 1
         calls.pop(id(self), None)
         calls[id(self)] = (self, args, kwargs, out)  # the last call of each, in call order
+        record_call(self, args, kwargs, out)  # and all of them, for a step of several modules
         return out
 
     torch.nn.Module.__call__ = recording_call  # type: ignore[method-assign]
@@ -109,6 +116,7 @@ def patch_plain() -> None:
             # (``_OnTheCpu``: torch's backward hands itself to the mode, which calls it again)
             STATE["plain_loss"] = self
             STATE["plain_frame"] = dict(sys._getframe(1).f_locals)
+            record_backward()
         outer, inside[0] = inside[0], True
         try:
             return backward(self, *args, **kwargs)
@@ -304,6 +312,10 @@ def _unwrapped(module: torch.nn.Module) -> torch.nn.Module:
 
 
 def _capture(optimizer: torch.optim.Optimizer) -> None:
+    from launcher._framework_child.pipeline import capture_pipeline
+
+    if capture_pipeline(optimizer):  # a step of several modules (an encoder and a decoder)
+        return
     held = {id(p) for group in optimizer.param_groups for p in group["params"]}
     calls = list(STATE.get("plain_calls", {}).values())
     owners = []

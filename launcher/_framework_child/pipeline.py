@@ -1,0 +1,287 @@
+"""A plain script whose step runs several top-level modules: traced as its loop runs them.
+
+PyTorch's seq2seq tutorial trains an ``EncoderRNN`` and a ``DecoderRNN`` with one ``Adam`` each:
+
+    encoder_outputs, encoder_hidden = encoder(input_tensor)
+    decoder_outputs, _, _ = decoder(encoder_outputs, encoder_hidden, target_tensor)
+    loss = criterion(decoder_outputs.view(-1, V), target_tensor.view(-1))
+    loss.backward(); encoder_optimizer.step(); decoder_optimizer.step()
+
+The single-module capture (``plain._capture``) stops at ``encoder_optimizer.step()`` and traces
+the encoder alone, with the sum of its output for a loss: half the real step (-50.8%). Here the
+step is rebuilt as the loop ran it instead:
+
+- every top-level call with gradients is recorded (``record_call``), and each ``backward``
+  closes the calls since the one before (``record_backward``): those are the last micro-step's;
+- the modules of the step are those whose parameters the loss's autograd graph reaches (its
+  ``AccumulateGrad`` nodes, still there after backward): a loss module, a frozen or detached
+  one (a GAN's generator under the discriminator's loss) is not part of it;
+- the dataflow between them is read by tensor identity: an argument that is an earlier call's
+  output (or an element of it) is that output in the replay; any other tensor is an input of
+  the batch (the loader's tensors, resized with it), any other value is kept as it was. An
+  argument computed from an earlier output outside a module (``decoder(h[:, -1])``) cannot be
+  replayed from what was recorded: the capture then says so and writes no recipe, so the plan
+  never shows a traced number for a step it did not trace;
+- the loss is matched as the single-module capture matches it, against the outputs of the
+  step's calls from the last, with the loop's own tensors (the batch's too) as targets;
+- every optimizer the script built (``Optimizer.__init__`` is recorded) that holds the step's
+  parameters is rebuilt: one of the same class as all of them, with one parameter group each
+  where their settings differ, so the trace holds the states of all of them.
+
+The recipe (``_framework_recipe.PipelineStep``) replays the calls in one wrapper module, so DDP
+and FSDP see one forward and the optimizer gets every stage's parameters.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from launcher._framework_child.answer import ANSWER, STATE, Stop, note, write_answer
+
+#: JSON values kept in a call's arguments as they are.
+_PLAIN = (bool, int, float, str, type(None))
+
+
+class NotReplayable(Exception):
+    """The step's dataflow cannot be rebuilt from what was recorded (the message says why)."""
+
+
+def record_optimizers() -> None:
+    """Every optimizer the script builds, weakly: the capture stops at the first one's step,
+    and the others it made (the decoder's) are only known from here."""
+    init = torch.optim.Optimizer.__init__
+    made: list[weakref.ref] = []
+    STATE["optimizers"] = made
+
+    def recording_init(self: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        made.append(weakref.ref(self))
+
+    torch.optim.Optimizer.__init__ = recording_init  # type: ignore[method-assign]
+
+
+def record_call(module: torch.nn.Module, args: tuple, kwargs: dict, out: Any) -> None:
+    """A top-level call with gradients, in order, until the next ``backward`` closes them."""
+    STATE.setdefault("pipeline_pending", []).append((module, args, kwargs, out))
+
+
+def record_backward() -> None:
+    """The calls since the last backward are this backward's (an accumulating loop's last
+    micro-step's, at the first optimizer step)."""
+    STATE["pipeline_step"] = STATE.get("pipeline_pending") or []
+    STATE["pipeline_pending"] = []
+
+
+def _graph_parameters(loss: torch.Tensor) -> set[int]:
+    """The ids of the leaf tensors (parameters) the loss's autograd graph accumulates into."""
+    found: set[int] = set()
+    seen: set[int] = set()
+    stack = [loss.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        variable = getattr(node, "variable", None)
+        if isinstance(variable, torch.Tensor):
+            found.add(id(variable))
+        stack.extend(fn for fn, _ in node.next_functions)
+    return found
+
+
+def _step_calls(loss: torch.Tensor) -> list[tuple[torch.nn.Module, tuple, dict, Any]]:
+    """The step's calls of modules whose parameters the loss reaches, in call order."""
+    reached = _graph_parameters(loss)
+    return [call for call in STATE.get("pipeline_step") or ()
+            if any(id(p) in reached for p in call[0].parameters())]
+
+
+def _outputs(value: Any, path: list[Any], into: dict[int, list[Any]]) -> None:
+    """Each tensor of a call's output, by id, with its path in the output."""
+    if isinstance(value, torch.Tensor):
+        into.setdefault(id(value), list(path))
+    elif isinstance(value, Mapping):
+        for key, item in value.items():
+            _outputs(item, [*path, key], into)
+    elif isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            _outputs(item, [*path, index], into)
+
+
+class _Flow:
+    """The step's arguments as references: to the batch's inputs or to earlier outputs."""
+
+    def __init__(self) -> None:
+        self.inputs: list[torch.Tensor] = []
+        self.index: dict[int, int] = {}
+        self.produced: dict[int, tuple[int, list[Any]]] = {}
+
+    def spec(self, value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            if id(value) in self.produced:
+                call, path = self.produced[id(value)]
+                return {"out": call, "path": path}
+            if value.requires_grad:
+                raise NotReplayable(
+                    "a module of the step takes a tensor computed with gradients outside the "
+                    "step's modules")
+            if id(value) not in self.index:
+                self.index[id(value)] = len(self.inputs)
+                self.inputs.append(value)
+            return {"in": self.index[id(value)]}
+        if isinstance(value, _PLAIN):
+            return {"value": value}
+        if isinstance(value, Mapping):
+            return {"dict": {str(k): self.spec(v) for k, v in value.items()}}
+        if isinstance(value, (list, tuple)):
+            return {"list": [self.spec(v) for v in value], "tuple": isinstance(value, tuple)}
+        raise NotReplayable(f"a module of the step takes a {type(value).__name__}")
+
+    def produce(self, call: int, out: Any) -> None:
+        found: dict[int, list[Any]] = {}
+        _outputs(out, [], found)
+        for key, path in found.items():
+            self.produced.setdefault(key, (call, path))
+
+
+def capture_pipeline(optimizer: torch.optim.Optimizer) -> bool:
+    """Capture the step as a pipeline of its modules, if it runs more than one: False leaves
+    the script to the single-module capture (one module, the same results as before)."""
+    loss = STATE.get("plain_loss")
+    if not isinstance(loss, torch.Tensor) or loss.grad_fn is None:
+        return False
+    calls = _step_calls(loss)
+    modules: dict[int, torch.nn.Module] = {}
+    for module, *_ in calls:
+        modules.setdefault(id(module), module)
+    if len(modules) < 2:
+        return False
+    names = [type(m).__name__ for m in modules.values()]
+    try:
+        _write(optimizer, calls, list(modules.values()))
+    except NotReplayable as why:
+        note(f"the training step runs {len(names)} modules ({', '.join(names)}), and {why}: "
+             "launch cannot replay it, so it is not traced (give --params or --model-config "
+             "to plan it)")
+        write_answer()
+        raise Stop from None
+    return True
+
+
+def _write(optimizer: torch.optim.Optimizer, calls: list[tuple[torch.nn.Module, tuple, dict, Any]],
+           modules: list[torch.nn.Module]) -> None:
+    from launcher._framework_child import plain
+    from launcher._framework_child.accelerate import tensors_of
+    from launcher._framework_child.capture import finish, leaves
+    from launcher._framework_child.data_bound import bounded_inputs, bounded_shape
+
+    flow = _Flow()
+    position = {id(m): i for i, m in enumerate(modules)}
+    steps = []
+    for index, (module, args, kwargs, out) in enumerate(calls):
+        steps.append({"module": position[id(module)], "args": flow.spec(list(args)),
+                      "kwargs": flow.spec(dict(kwargs))})
+        flow.produce(index, out)
+    batch: dict[str, Any] = {"inputs": list(flow.inputs), "extra": {}}
+    rows = plain._rows(batch)
+    step: dict[str, Any] = {"kind": "pipeline", "calls": steps}
+    step.update(_loss(calls, flow, rows, batch))
+    if plain._grads_through_forward():
+        step["grads_through_forward"] = True
+    batch = bounded_inputs(batch)
+    if plain._loop_binds_output(STATE["script"]):
+        # the loop binds each call's results to names: each stays alive until that call
+        # returns again in the next step (the decoder's log-probabilities through the encoder)
+        step["held_output"] = [
+            [[bounded_shape(list(t.shape)), str(t.dtype).removeprefix("torch.")]
+             for t in leaves(tensors_of(out))] for *_, out in calls]
+    _optimizers(optimizer, modules, step)
+    ANSWER["settings"] = {"batch_size": rows}
+    stages = torch.nn.ModuleList([plain._unwrapped(m) for m in modules])
+    finish(stages, batch, step)
+    ANSWER["pipeline"] = [f"{type(m).__module__}.{type(m).__qualname__}" for m in stages]
+    ANSWER["model_class"] = " + ".join(ANSWER["pipeline"])
+    plain._learn_flags(rows)
+    write_answer()
+
+
+def _loss(calls: list[tuple[torch.nn.Module, tuple, dict, Any]], flow: _Flow, rows: int | None,
+          batch: dict[str, Any]) -> dict[str, Any]:
+    """How the loop's loss came from the step's outputs: the last call's whose output it is
+    matched against first (``from``), as ``plain._loss`` matches a single model's; the target
+    is a batch input (``target_input``) or a tensor of the loop's own (``batch["extra"]``)."""
+    import torch.nn.functional as F
+
+    from launcher._framework_child.accelerate import match_loss, output_loss, same_values
+    from launcher._framework_child.plain import _scaled_from
+
+    loss = STATE["plain_loss"]
+    frame = {name: value for name, value in (STATE.get("plain_frame") or {}).items()
+             if isinstance(value, torch.Tensor) and not value.requires_grad and value.dim() > 0
+             and value.shape[0] == rows}
+    for index in range(len(calls) - 1, -1, -1):
+        out = calls[index][3]
+        own_loss = output_loss(out)
+        if own_loss is not None and (own_loss is loss or same_values(own_loss, loss)
+                                     or _scaled_from(loss, own_loss)):
+            return {"from": index, "loss": "model"}
+        if isinstance(out, (list, tuple)):
+            for position, value in enumerate(out):
+                if isinstance(value, torch.Tensor) and (value is loss or (
+                        value.dim() == 0 and (same_values(value, loss)
+                                              or _scaled_from(loss, value)))):
+                    return {"from": index, "loss": "index", "index": position}
+        match = match_loss(out, frame, loss, F)
+        if match is not None:
+            target = frame[match["target"]]
+            if id(target) in flow.index:
+                match["target_input"] = flow.index[id(target)]
+            else:
+                batch["extra"][match["target"]] = target
+            return {"from": index, **match}
+    note("the loop's loss is not a module's own nor a cross-entropy, MSE, L1, NLL or BCE of the "
+         "last module's output: the traced step sums that output (the loss's own activations "
+         "are not counted)")
+    return {"from": len(calls) - 1, "loss": "sum"}
+
+
+def _optimizers(first: torch.optim.Optimizer, modules: list[torch.nn.Module],
+                step: dict[str, Any]) -> None:
+    """The optimizers holding the step's parameters, rebuilt as one (``save_optimizer``): of
+    their class, with one parameter group each (by the parameters' places in the stages'
+    order) where their settings differ."""
+    from launcher._framework_child.capture import save_optimizer
+
+    params = list({id(p): p for m in modules for p in m.parameters()}.values())
+    place = {id(p): i for i, p in enumerate(params)}
+    made = [ref() for ref in STATE.get("optimizers") or ()]
+    if first not in made:
+        made.insert(0, first)
+    held = [o for o in made if o is not None and any(
+        id(p) in place for g in o.param_groups for p in g["params"])]
+    held.sort(key=lambda o: o is not first)  # the one that stepped first, then as built
+    save_optimizer(held[0])
+    ANSWER["optimizers"] = [type(o).__name__ for o in held]
+    classes = {type(o) for o in held}
+    if len(classes) > 1:
+        note(f"the step's optimizers are {', '.join(ANSWER['optimizers'])}: all of the step's "
+             f"parameters are traced with {type(held[0]).__name__}'s states")
+        return
+    outside = [p for o in held for g in o.param_groups for p in g["params"]
+               if id(p) not in place]
+    if outside:
+        note("the optimizers hold parameters outside the step's modules: their states are not "
+             "counted")
+    groups = []
+    for optimizer in held:
+        for group in optimizer.param_groups:
+            settings = {k: v for k, v in group.items() if k != "params"
+                        and isinstance(v, (*_PLAIN, tuple, list))}
+            groups.append({"params": [place[id(p)] for p in group["params"] if id(p) in place],
+                           "settings": settings})
+    if len({repr(sorted(g["settings"].items())) for g in groups}) > 1:
+        ANSWER["optimizer"]["groups"] = groups
