@@ -415,6 +415,8 @@ def _pipeline_step(model: torch.nn.Module, batch: dict[str, Any], step: dict[str
     out = model(batch)
     del grads
     how = step.get("loss", "model")
+    if how == "output":
+        return out
     if how == "index":
         return out[step["index"]]
     if how == "function":

@@ -165,8 +165,7 @@ def capture_pipeline(optimizer: torch.optim.Optimizer) -> bool:
         _write(optimizer, calls, list(modules.values()))
     except NotReplayable as why:
         note(f"the training step runs {len(names)} modules ({', '.join(names)}), and {why}: "
-             "launch cannot replay it, so it is not traced (give --params or --model-config "
-             "to plan it)")
+             "launch cannot replay that step, so it is not traced")
         write_answer()
         raise Stop from None
     return True
@@ -175,7 +174,6 @@ def capture_pipeline(optimizer: torch.optim.Optimizer) -> bool:
 def _write(optimizer: torch.optim.Optimizer, calls: list[tuple[torch.nn.Module, tuple, dict, Any]],
            modules: list[torch.nn.Module]) -> None:
     from launcher._framework_child import plain
-    from launcher._framework_child.accelerate import tensors_of
     from launcher._framework_child.capture import finish, leaves
     from launcher._framework_child.data_bound import bounded_inputs, bounded_shape
 
@@ -198,7 +196,7 @@ def _write(optimizer: torch.optim.Optimizer, calls: list[tuple[torch.nn.Module, 
         # returns again in the next step (the decoder's log-probabilities through the encoder)
         step["held_output"] = [
             [[bounded_shape(list(t.shape)), str(t.dtype).removeprefix("torch.")]
-             for t in leaves(tensors_of(out))] for *_, out in calls]
+             for t in leaves(out)] for *_, out in calls]
     _optimizers(optimizer, modules, step)
     ANSWER["settings"] = {"batch_size": rows}
     stages = torch.nn.ModuleList([plain._unwrapped(m) for m in modules])
@@ -225,6 +223,9 @@ def _loss(calls: list[tuple[torch.nn.Module, tuple, dict, Any]], flow: _Flow, ro
              and value.shape[0] == rows}
     for index in range(len(calls) - 1, -1, -1):
         out = calls[index][3]
+        if isinstance(out, torch.Tensor) and out.dim() == 0 and (
+                out is loss or _scaled_from(loss, out)):
+            return {"from": index, "loss": "output"}  # a loss module with weights of its own
         own_loss = output_loss(out)
         if own_loss is not None and (own_loss is loss or same_values(own_loss, loss)
                                      or _scaled_from(loss, own_loss)):
