@@ -35,7 +35,7 @@ and FSDP see one forward and the optimizer gets every stage's parameters.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -148,33 +148,43 @@ class _Flow:
             self.produced.setdefault(key, (call, path))
 
 
-def capture_pipeline(optimizer: torch.optim.Optimizer) -> bool:
-    """Capture the step as a pipeline of its modules, if it runs more than one: False leaves
-    the script to the single-module capture (one module, the same results as before)."""
+#: ``plain._scaled_from``: whether the loop's loss is a value scaled by constants (``loss / n``),
+#: handed in by ``plain._capture`` (this module is imported by plain.py, not the other way).
+ScaledFrom = Callable[[torch.Tensor, torch.Tensor], bool]
+
+
+def pipeline_step(optimizer: torch.optim.Optimizer, scaled_from: ScaledFrom
+                  ) -> tuple[list[torch.nn.Module], dict[str, Any], dict[str, Any]] | None:
+    """The step as a pipeline of its modules, if it runs more than one: the modules, the batch
+    (``{"inputs", "extra"}``, at the largest the loader makes) and the recipe's step, with the
+    optimizers' settings in the answer; ``plain._capture`` writes them. None leaves the script
+    to the single-module capture (one module: the same results as before). A step that cannot
+    be replayed ends the capture here with a note: no recipe, so no traced number."""
     loss = STATE.get("plain_loss")
     if not isinstance(loss, torch.Tensor) or loss.grad_fn is None:
-        return False
+        return None
     calls = _step_calls(loss)
     modules: dict[int, torch.nn.Module] = {}
     for module, *_ in calls:
         modules.setdefault(id(module), module)
     if len(modules) < 2:
-        return False
+        return None
     names = [type(m).__name__ for m in modules.values()]
     try:
-        _write(optimizer, calls, list(modules.values()))
+        batch, step = _replayed_step(calls, list(modules.values()), scaled_from)
     except NotReplayable as why:
         note(f"the training step runs {len(names)} modules ({', '.join(names)}), and {why}: "
              "launch cannot replay that step, so it is not traced")
         write_answer()
         raise Stop from None
-    return True
+    _optimizers(optimizer, list(modules.values()))
+    return list(modules.values()), batch, step
 
 
-def _write(optimizer: torch.optim.Optimizer, calls: list[tuple[torch.nn.Module, tuple, dict, Any]],
-           modules: list[torch.nn.Module]) -> None:
-    from launcher._framework_child import plain
-    from launcher._framework_child.capture import finish, leaves
+def _replayed_step(calls: list[tuple[torch.nn.Module, tuple, dict, Any]],
+                   modules: list[torch.nn.Module], scaled_from: ScaledFrom
+                   ) -> tuple[dict[str, Any], dict[str, Any]]:
+    from launcher._framework_child.capture import leaves
     from launcher._framework_child.data_bound import bounded_inputs, bounded_shape
 
     flow = _Flow()
@@ -185,37 +195,27 @@ def _write(optimizer: torch.optim.Optimizer, calls: list[tuple[torch.nn.Module, 
                       "kwargs": flow.spec(dict(kwargs))})
         flow.produce(index, out)
     batch: dict[str, Any] = {"inputs": list(flow.inputs), "extra": {}}
-    rows = plain._rows(batch)
+    sizes = [t.shape[0] for t in leaves(batch) if t.dim() > 0]
+    rows = max(set(sizes), key=sizes.count) if sizes else None
     step: dict[str, Any] = {"kind": "pipeline", "calls": steps}
-    step.update(_loss(calls, flow, rows, batch))
-    if plain._grads_through_forward():
-        step["grads_through_forward"] = True
+    step.update(_loss(calls, flow, rows, batch, scaled_from))
     batch = bounded_inputs(batch)
-    if plain._loop_binds_output(STATE["script"]):
-        # the loop binds each call's results to names: each stays alive until that call
-        # returns again in the next step (the decoder's log-probabilities through the encoder)
-        step["held_output"] = [
-            [[bounded_shape(list(t.shape)), str(t.dtype).removeprefix("torch.")]
-             for t in leaves(out)] for *_, out in calls]
-    _optimizers(optimizer, modules, step)
-    ANSWER["settings"] = {"batch_size": rows}
-    stages = torch.nn.ModuleList([plain._unwrapped(m) for m in modules])
-    finish(stages, batch, step)
-    ANSWER["pipeline"] = [f"{type(m).__module__}.{type(m).__qualname__}" for m in stages]
-    ANSWER["model_class"] = " + ".join(ANSWER["pipeline"])
-    plain._learn_flags(rows)
-    write_answer()
+    # where the loop binds each call's results to names, each stays alive until that call
+    # returns again in the next step (the decoder's log-probabilities through the encoder's
+    # forward): ``plain._capture`` keeps these shapes if it does
+    step["held_output"] = [[[bounded_shape(list(t.shape)), str(t.dtype).removeprefix("torch.")]
+                            for t in leaves(out)] for *_, out in calls]
+    return batch, step
 
 
 def _loss(calls: list[tuple[torch.nn.Module, tuple, dict, Any]], flow: _Flow, rows: int | None,
-          batch: dict[str, Any]) -> dict[str, Any]:
+          batch: dict[str, Any], scaled_from: ScaledFrom) -> dict[str, Any]:
     """How the loop's loss came from the step's outputs: the last call's whose output it is
     matched against first (``from``), as ``plain._loss`` matches a single model's; the target
     is a batch input (``target_input``) or a tensor of the loop's own (``batch["extra"]``)."""
     import torch.nn.functional as F
 
     from launcher._framework_child.accelerate import match_loss, output_loss, same_values
-    from launcher._framework_child.plain import _scaled_from
 
     loss = STATE["plain_loss"]
     frame = {name: value for name, value in (STATE.get("plain_frame") or {}).items()
@@ -224,17 +224,17 @@ def _loss(calls: list[tuple[torch.nn.Module, tuple, dict, Any]], flow: _Flow, ro
     for index in range(len(calls) - 1, -1, -1):
         out = calls[index][3]
         if isinstance(out, torch.Tensor) and out.dim() == 0 and (
-                out is loss or _scaled_from(loss, out)):
+                out is loss or scaled_from(loss, out)):
             return {"from": index, "loss": "output"}  # a loss module with weights of its own
         own_loss = output_loss(out)
         if own_loss is not None and (own_loss is loss or same_values(own_loss, loss)
-                                     or _scaled_from(loss, own_loss)):
+                                     or scaled_from(loss, own_loss)):
             return {"from": index, "loss": "model"}
         if isinstance(out, (list, tuple)):
             for position, value in enumerate(out):
                 if isinstance(value, torch.Tensor) and (value is loss or (
                         value.dim() == 0 and (same_values(value, loss)
-                                              or _scaled_from(loss, value)))):
+                                              or scaled_from(loss, value)))):
                     return {"from": index, "loss": "index", "index": position}
         match = _nll_first(out, frame, loss, F) or match_loss(out, frame, loss, F)
         if match is not None:
@@ -257,9 +257,9 @@ def _nll_first(out: Any, frame: dict[str, torch.Tensor], loss: torch.Tensor, F: 
     ``match_loss`` tries it first, but it makes one more log-softmax of the whole output and
     its gradient (+3.5% on seq2seq). An ``NllLossBackward0`` whose input is not a
     ``LogSoftmaxBackward0`` made after the output was an ``nll_loss``."""
-    from launcher._framework_child.accelerate import _apply_loss, _output_tensor, same_values
+    from launcher._framework_child.accelerate import same_values
 
-    output, which = _output_tensor(out)
+    output, which = _output_and_kind(out)
     node = loss.grad_fn
     if output is None or type(node).__name__ != "NllLossBackward0":
         return None
@@ -270,7 +270,8 @@ def _nll_first(out: Any, frame: dict[str, torch.Tensor], loss: torch.Tensor, F: 
         for key, target in frame.items():
             for flatten in (False, True):
                 try:
-                    got = _apply_loss(F, "nll_loss", output, target, flatten)
+                    got = (F.nll_loss(output.reshape(-1, output.shape[-1]), target.reshape(-1))
+                           if flatten else F.nll_loss(output, target))
                 except Exception:  # noqa: BLE001, S112 - shapes that do not go together
                     continue
                 if same_values(got, loss):
@@ -279,8 +280,20 @@ def _nll_first(out: Any, frame: dict[str, torch.Tensor], loss: torch.Tensor, F: 
     return None
 
 
-def _optimizers(first: torch.optim.Optimizer, modules: list[torch.nn.Module],
-                step: dict[str, Any]) -> None:
+def _output_and_kind(out: Any) -> tuple[torch.Tensor | None, str]:
+    """The output tensor a loss is taken of, and how the recipe finds it again (its
+    ``_output_tensor``'s ``which``), as ``accelerate.match_loss`` picks it."""
+    if isinstance(out, torch.Tensor):
+        return out, "tensor"
+    logits = out.get("logits") if isinstance(out, Mapping) else getattr(out, "logits", None)
+    if isinstance(logits, torch.Tensor):
+        return logits, "logits"
+    if isinstance(out, (list, tuple)) and out and isinstance(out[0], torch.Tensor):
+        return out[0], "first"
+    return None, "none"
+
+
+def _optimizers(first: torch.optim.Optimizer, modules: list[torch.nn.Module]) -> None:
     """The optimizers holding the step's parameters, rebuilt as one (``save_optimizer``): of
     their class, with one parameter group each (by the parameters' places in the stages'
     order) where their settings differ."""

@@ -312,9 +312,11 @@ def _unwrapped(module: torch.nn.Module) -> torch.nn.Module:
 
 
 def _capture(optimizer: torch.optim.Optimizer) -> None:
-    from launcher._framework_child.pipeline import capture_pipeline
+    from launcher._framework_child.pipeline import pipeline_step
 
-    if capture_pipeline(optimizer):  # a step of several modules (an encoder and a decoder)
+    several = pipeline_step(optimizer, _scaled_from)  # an encoder and a decoder, say
+    if several is not None:
+        _capture_several(*several)
         return
     held = {id(p) for group in optimizer.param_groups for p in group["params"]}
     calls = list(STATE.get("plain_calls", {}).values())
@@ -350,6 +352,24 @@ def _capture(optimizer: torch.optim.Optimizer) -> None:
                                for t in leaves(tensors_of(out))]
     ANSWER["settings"] = {"batch_size": rows}
     finish(_unwrapped(model), batch, step)
+    _learn_flags(rows)
+    write_answer()
+
+
+def _capture_several(modules: list[torch.nn.Module], batch: dict[str, Any],
+                     step: dict[str, Any]) -> None:
+    """Write a step of several modules (``pipeline.pipeline_step``) as ``_capture`` writes one
+    model's: the modules as one ``ModuleList`` (the recipe's ``PipelineStep`` calls them)."""
+    if _grads_through_forward():
+        step["grads_through_forward"] = True
+    if not _loop_binds_output(STATE["script"]):
+        step.pop("held_output")
+    rows = _rows(batch)
+    ANSWER["settings"] = {"batch_size": rows}
+    stages = torch.nn.ModuleList([_unwrapped(m) for m in modules])
+    finish(stages, batch, step)
+    ANSWER["pipeline"] = [f"{type(m).__module__}.{type(m).__qualname__}" for m in stages]
+    ANSWER["model_class"] = " + ".join(ANSWER["pipeline"])
     _learn_flags(rows)
     write_answer()
 
