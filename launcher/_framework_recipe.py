@@ -17,7 +17,8 @@ and the step the framework would run:
   last call before the first optimizer step, and the loop's loss found the same way (or an
   element of the output tuple, nanoGPT's ``logits, loss``);
 - a plain script whose step runs several modules (``_framework_child/pipeline.py``: an encoder
-  and a decoder): their calls replayed in order by one wrapper module, ``PipelineStep``.
+  and a decoder): their calls, and the loop's operations between them, replayed in order by
+  one wrapper module, ``PipelineStep``.
 
 ``build_optimizer`` rebuilds the optimizer the framework made (its class and settings), so the
 trace holds the state that optimizer holds. Imported from launcher/ as a module it does nothing:
@@ -188,18 +189,30 @@ class PipelineStep(torch.nn.Module):
                                                       dtype=getattr(torch, dtype))
                                           for shape, dtype in shapes]
                                          for shapes in self._held_shapes)]
+        rows = (len(_first_rows(inputs)), _capture().get("batch_size"))
         for index, call in enumerate(self._calls):
-            stage = self.stages[call["module"]]
-            out = stage(*_replayed(call["args"], inputs, outs),
-                        **_replayed(call["kwargs"], inputs, outs))
+            # a module's call, or the loop's own operation on earlier outputs (``h[:, -1]``)
+            run = self.stages[call["module"]] if "module" in call else _operation(call["op"])
+            out = run(*_replayed(call["args"], inputs, outs, rows),
+                      **_replayed(call["kwargs"], inputs, outs, rows))
             outs.append(out)
-            if held:
+            if held and "module" in call:
                 self._held[1 + index] = out  # the last step's output of this call is let go
         return outs[self._answer]
 
 
-def _replayed(spec: dict[str, Any], inputs: list[Any], outs: list[Any]) -> Any:
-    """A call's argument from its recorded reference (``pipeline._Flow.spec``)."""
+def _operation(name: str) -> Any:
+    """A torch function the loop called between its modules, by ``pipeline._op_name``."""
+    import torch.nn.functional as F
+
+    owner, _, attribute = name.partition(".")
+    return getattr({"Tensor": torch.Tensor, "torch": torch, "F": F}[owner], attribute)
+
+
+def _replayed(spec: dict[str, Any], inputs: list[Any], outs: list[Any],
+              rows: tuple[int, int | None]) -> Any:
+    """A call's argument from its recorded reference (``pipeline._Flow.spec``); ``rows``: the
+    replayed batch's and the captured one's, for a shape operation's sizes."""
     if "in" in spec:
         return inputs[spec["in"]]
     if "out" in spec:
@@ -208,10 +221,18 @@ def _replayed(spec: dict[str, Any], inputs: list[Any], outs: list[Any]) -> Any:
             value = value[key]
         return value
     if "dict" in spec:
-        return {k: _replayed(v, inputs, outs) for k, v in spec["dict"].items()}
+        return {k: _replayed(v, inputs, outs, rows) for k, v in spec["dict"].items()}
     if "list" in spec:
-        items = [_replayed(v, inputs, outs) for v in spec["list"]]
+        items = [_replayed(v, inputs, outs, rows) for v in spec["list"]]
         return tuple(items) if spec.get("tuple") else items
+    if "size" in spec:
+        return rows[0] if spec["size"] == rows[1] else spec["size"]
+    if "slice" in spec:
+        return slice(*(_replayed(v, inputs, outs, rows) for v in spec["slice"]))
+    if "ellipsis" in spec:
+        return Ellipsis
+    if "dtype" in spec:
+        return getattr(torch, spec["dtype"])
     return spec["value"]
 
 

@@ -16,12 +16,17 @@ step is rebuilt as the loop ran it instead:
 - the modules of the step are those whose parameters the loss's autograd graph reaches (its
   ``AccumulateGrad`` nodes, still there after backward): a loss module, a frozen or detached
   one (a GAN's generator under the discriminator's loss) is not part of it;
+- the loop's own tensor operations on what the step produced (``head(features.mean(1))``,
+  ``decoder(h[:, -1])``) are recorded too, by a torch function mode (``_RecordOps``): those a
+  module's input needs are replayed between the calls, a size equal to the batch's rows as the
+  replayed batch's rows;
 - the dataflow between them is read by tensor identity: an argument that is an earlier call's
-  output (or an element of it) is that output in the replay; any other tensor is an input of
-  the batch (the loader's tensors, resized with it), any other value is kept as it was. An
-  argument computed from an earlier output outside a module (``decoder(h[:, -1])``) cannot be
-  replayed from what was recorded: the capture then says so and writes no recipe, so the plan
-  never shows a traced number for a step it did not trace;
+  or operation's output (or an element of it) is that output in the replay; any other tensor
+  is an input of the batch (the loader's tensors, resized with it), any other value is kept as
+  it was. An argument computed with gradients some other way (a custom ``autograd.Function``,
+  whose forward runs without gradients; a property such as ``.T``) cannot be replayed from
+  what was recorded: the capture then says so and writes no recipe, so the plan never shows a
+  traced number for a step it did not trace;
 - the loss is matched as the single-module capture matches it, against the outputs of the
   step's calls from the last, with the loop's own tensors (the batch's too) as targets;
 - every optimizer the script built (``Optimizer.__init__`` is recorded) that holds the step's
@@ -50,7 +55,14 @@ class NotReplayable(Exception):
     """The step's dataflow cannot be rebuilt from what was recorded (the message says why)."""
 
 
-def record_optimizers() -> None:
+def patch_pipeline() -> None:
+    """Record every optimizer the script builds and the tensor operations its loop makes
+    between its modules' calls."""
+    _record_optimizers()
+    _RecordOps().__enter__()  # for the rest of the script: the capture ends the process
+
+
+def _record_optimizers() -> None:
     """Every optimizer the script builds, weakly: the capture stops at the first one's step,
     and the others it made (the decoder's) are only known from here."""
     init = torch.optim.Optimizer.__init__
@@ -64,9 +76,41 @@ def record_optimizers() -> None:
     torch.optim.Optimizer.__init__ = recording_init  # type: ignore[method-assign]
 
 
+def _recording() -> bool:
+    """Whether the loop's step is being recorded: after a top-level call with gradients, outside
+    any module's forward, before the capture itself runs."""
+    depth = STATE.get("plain_depth") or [0]
+    return (bool(STATE.get("pipeline_pending")) and not depth[0] and torch.is_grad_enabled()
+            and not ANSWER["reached"] and not STATE.get("capturing")
+            and not STATE.get("measure"))
+
+
+class _RecordOps(torch.overrides.TorchFunctionMode):
+    """The loop's own tensor operations on what its modules returned (``features.mean(1)``,
+    ``h[:, -1]``, ``torch.cat``), in order with the module calls: a module's input computed so
+    is replayed by the same operation. Only operations on a tensor the step produced are kept
+    (the loop's other work, the data's, passes through)."""
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (),
+                           kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if _recording():
+            from launcher._framework_child.capture import leaves
+
+            produced = STATE.setdefault("pipeline_produced", set())
+            if any(id(t) in produced for t in leaves([list(args), kwargs])):
+                STATE["pipeline_pending"].append(("op", func, args, kwargs, out))
+                produced.update(id(t) for t in leaves(out))
+        return out
+
+
 def record_call(module: torch.nn.Module, args: tuple, kwargs: dict, out: Any) -> None:
     """A top-level call with gradients, in order, until the next ``backward`` closes them."""
-    STATE.setdefault("pipeline_pending", []).append((module, args, kwargs, out))
+    from launcher._framework_child.capture import leaves
+
+    STATE.setdefault("pipeline_pending", []).append(("call", module, args, kwargs, out))
+    STATE.setdefault("pipeline_produced", set()).update(id(t) for t in leaves(out))
 
 
 def record_backward() -> None:
@@ -74,6 +118,7 @@ def record_backward() -> None:
     micro-step's, at the first optimizer step)."""
     STATE["pipeline_step"] = STATE.get("pipeline_pending") or []
     STATE["pipeline_pending"] = []
+    STATE["pipeline_produced"] = set()
 
 
 def _graph_parameters(loss: torch.Tensor) -> set[int]:
@@ -93,11 +138,55 @@ def _graph_parameters(loss: torch.Tensor) -> set[int]:
     return found
 
 
-def _step_calls(loss: torch.Tensor) -> list[tuple[torch.nn.Module, tuple, dict, Any]]:
-    """The step's calls of modules whose parameters the loss reaches, in call order."""
+#: One recorded entry of the step: ("call", module, args, kwargs, output) or ("op", torch
+#: function, args, kwargs, output).
+Entry = tuple[str, Any, tuple, dict, Any]
+
+
+def _step_entries(loss: torch.Tensor) -> tuple[list[Entry], list[torch.nn.Module]]:
+    """The step's calls of modules whose parameters the loss reaches, and the loop's operations
+    their inputs need, in order; and those modules."""
+    from launcher._framework_child.capture import leaves
+
     reached = _graph_parameters(loss)
-    return [call for call in STATE.get("pipeline_step") or ()
-            if any(id(p) in reached for p in call[0].parameters())]
+    recorded: list[Entry] = list(STATE.get("pipeline_step") or ())
+    kept = [e[0] == "call" and any(id(p) in reached for p in e[1].parameters())
+            for e in recorded]
+    needed = {id(t) for e, k in zip(recorded, kept, strict=True) if k
+              for t in leaves([list(e[2]), e[3]])}
+    for index in range(len(recorded) - 1, -1, -1):
+        entry = recorded[index]
+        if entry[0] == "op" and any(id(t) in needed for t in leaves(entry[4])):
+            kept[index] = True
+            needed.update(id(t) for t in leaves([list(entry[2]), entry[3]]))
+    modules: dict[int, torch.nn.Module] = {}
+    for entry, keep in zip(recorded, kept, strict=True):
+        if keep and entry[0] == "call":
+            modules.setdefault(id(entry[1]), entry[1])
+    return [e for e, k in zip(recorded, kept, strict=True) if k], list(modules.values())
+
+
+#: Operations whose int arguments are sizes: the captured batch's rows among them are the
+#: replayed batch's (``x.view(x.size(0), -1)``).
+_SHAPE_OPS = ("view", "reshape", "expand", "repeat", "unflatten", "new_zeros", "new_ones",
+              "new_empty", "new_full")
+
+
+def _op_name(func: Any) -> str:
+    """A torch function as the recipe finds it again: ``Tensor.mean``, ``torch.cat``,
+    ``F.relu``."""
+    import torch.nn.functional as F
+
+    name = getattr(func, "__name__", "")
+    if name and func in (getattr(torch.Tensor, name, None),
+                         getattr(torch._C.TensorBase, name, None)):
+        return f"Tensor.{name}"
+    if name and getattr(torch, name, None) is func:
+        return f"torch.{name}"
+    if name and getattr(F, name, None) is func:
+        return f"F.{name}"
+    raise NotReplayable(f"the loop computes a module's input with {name or func!r}, which "
+                        "launch cannot call again")
 
 
 def _outputs(value: Any, path: list[Any], into: dict[int, list[Any]]) -> None:
@@ -119,6 +208,7 @@ class _Flow:
         self.inputs: list[torch.Tensor] = []
         self.index: dict[int, int] = {}
         self.produced: dict[int, tuple[int, list[Any]]] = {}
+        self.sizes = False  # the arguments of a shape operation are being read
 
     def spec(self, value: Any) -> Any:
         if isinstance(value, torch.Tensor):
@@ -128,13 +218,22 @@ class _Flow:
             if value.requires_grad:
                 raise NotReplayable(
                     "a module of the step takes a tensor computed with gradients outside the "
-                    "step's modules")
+                    "step's modules and the loop's operations on their outputs")
             if id(value) not in self.index:
                 self.index[id(value)] = len(self.inputs)
                 self.inputs.append(value)
             return {"in": self.index[id(value)]}
+        if isinstance(value, int) and self.sizes and not isinstance(value, bool):
+            return {"size": value}  # the captured rows here are the replayed batch's
         if isinstance(value, _PLAIN):
             return {"value": value}
+        if isinstance(value, slice):
+            return {"slice": [self.spec(value.start), self.spec(value.stop),
+                              self.spec(value.step)]}
+        if value is Ellipsis:
+            return {"ellipsis": True}
+        if isinstance(value, torch.dtype):
+            return {"dtype": str(value).removeprefix("torch.")}
         if isinstance(value, Mapping):
             return {"dict": {str(k): self.spec(v) for k, v in value.items()}}
         if isinstance(value, (list, tuple)):
@@ -163,53 +262,59 @@ def pipeline_step(optimizer: torch.optim.Optimizer, scaled_from: ScaledFrom
     loss = STATE.get("plain_loss")
     if not isinstance(loss, torch.Tensor) or loss.grad_fn is None:
         return None
-    calls = _step_calls(loss)
-    modules: dict[int, torch.nn.Module] = {}
-    for module, *_ in calls:
-        modules.setdefault(id(module), module)
+    entries, modules = _step_entries(loss)
     if len(modules) < 2:
         return None
-    names = [type(m).__name__ for m in modules.values()]
+    names = [type(m).__name__ for m in modules]
     try:
-        batch, step = _replayed_step(calls, list(modules.values()), scaled_from)
+        batch, step = _replayed_step(entries, modules, scaled_from)
     except NotReplayable as why:
         note(f"the training step runs {len(names)} modules ({', '.join(names)}), and {why}: "
              "launch cannot replay that step, so it is not traced")
         write_answer()
         raise Stop from None
-    _optimizers(optimizer, list(modules.values()))
-    return list(modules.values()), batch, step
+    _optimizers(optimizer, modules)
+    return modules, batch, step
 
 
-def _replayed_step(calls: list[tuple[torch.nn.Module, tuple, dict, Any]],
-                   modules: list[torch.nn.Module], scaled_from: ScaledFrom
-                   ) -> tuple[dict[str, Any], dict[str, Any]]:
+def _replayed_step(entries: list[Entry], modules: list[torch.nn.Module],
+                   scaled_from: ScaledFrom) -> tuple[dict[str, Any], dict[str, Any]]:
     from launcher._framework_child.capture import leaves
     from launcher._framework_child.data_bound import bounded_inputs, bounded_shape
 
     flow = _Flow()
     position = {id(m): i for i, m in enumerate(modules)}
     steps = []
-    for index, (module, args, kwargs, out) in enumerate(calls):
-        steps.append({"module": position[id(module)], "args": flow.spec(list(args)),
-                      "kwargs": flow.spec(dict(kwargs))})
+    for index, (kind, target, args, kwargs, out) in enumerate(entries):
+        if kind == "call":
+            steps.append({"module": position[id(target)], "args": flow.spec(list(args)),
+                          "kwargs": flow.spec(dict(kwargs))})
+        else:
+            name = _op_name(target)
+            flow.sizes = name.split(".")[-1] in _SHAPE_OPS
+            try:
+                steps.append({"op": name, "args": flow.spec(list(args)),
+                              "kwargs": flow.spec(dict(kwargs))})
+            finally:
+                flow.sizes = False
         flow.produce(index, out)
     batch: dict[str, Any] = {"inputs": list(flow.inputs), "extra": {}}
     sizes = [t.shape[0] for t in leaves(batch) if t.dim() > 0]
     rows = max(set(sizes), key=sizes.count) if sizes else None
     step: dict[str, Any] = {"kind": "pipeline", "calls": steps}
-    step.update(_loss(calls, flow, rows, batch, scaled_from))
+    step.update(_loss(entries, flow, rows, batch, scaled_from))
     batch = bounded_inputs(batch)
     # where the loop binds each call's results to names, each stays alive until that call
     # returns again in the next step (the decoder's log-probabilities through the encoder's
     # forward): ``plain._capture`` keeps these shapes if it does
     step["held_output"] = [[[bounded_shape(list(t.shape)), str(t.dtype).removeprefix("torch.")]
-                            for t in leaves(out)] for *_, out in calls]
+                            for t in leaves(out)] if kind == "call" else []
+                           for kind, *_, out in entries]
     return batch, step
 
 
-def _loss(calls: list[tuple[torch.nn.Module, tuple, dict, Any]], flow: _Flow, rows: int | None,
-          batch: dict[str, Any], scaled_from: ScaledFrom) -> dict[str, Any]:
+def _loss(calls: list[Entry], flow: _Flow, rows: int | None, batch: dict[str, Any],
+          scaled_from: ScaledFrom) -> dict[str, Any]:
     """How the loop's loss came from the step's outputs: the last call's whose output it is
     matched against first (``from``), as ``plain._loss`` matches a single model's; the target
     is a batch input (``target_input``) or a tensor of the loop's own (``batch["extra"]``)."""
@@ -222,7 +327,9 @@ def _loss(calls: list[tuple[torch.nn.Module, tuple, dict, Any]], flow: _Flow, ro
              if isinstance(value, torch.Tensor) and not value.requires_grad and value.dim() > 0
              and value.shape[0] == rows}
     for index in range(len(calls) - 1, -1, -1):
-        out = calls[index][3]
+        if calls[index][0] != "call":
+            continue
+        out = calls[index][4]
         if isinstance(out, torch.Tensor) and out.dim() == 0 and (
                 out is loss or scaled_from(loss, out)):
             return {"from": index, "loss": "output"}  # a loss module with weights of its own
@@ -247,7 +354,7 @@ def _loss(calls: list[tuple[torch.nn.Module, tuple, dict, Any]], flow: _Flow, ro
     note("the loop's loss is not a module's own nor a cross-entropy, MSE, L1, NLL or BCE of the "
          "last module's output: the traced step sums that output (the loss's own activations "
          "are not counted)")
-    return {"from": len(calls) - 1, "loss": "sum"}
+    return {"from": max(i for i, e in enumerate(calls) if e[0] == "call"), "loss": "sum"}
 
 
 def _nll_first(out: Any, frame: dict[str, torch.Tensor], loss: torch.Tensor, F: Any

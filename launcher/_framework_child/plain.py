@@ -52,11 +52,11 @@ _LR_DESTS = ("lr", "learning_rate", "base_lr")
 def patch_plain() -> None:
     """The hooks: argparse's parsed values, the top-level module calls, backward, and the first
     optimizer step (which stops the script)."""
-    from launcher._framework_child.pipeline import record_backward, record_call, record_optimizers
+    from launcher._framework_child.pipeline import patch_pipeline, record_backward, record_call
 
     _patch_argparse()
     _patch_cuda()
-    record_optimizers()
+    patch_pipeline()
     _patch_compile()
     autocasts = _patch_autocast()
     #: a top-level call without gradients before the first step (an evaluation: nanoGPT's
@@ -72,6 +72,7 @@ def patch_plain() -> None:
     calls: dict[int, tuple[torch.nn.Module, tuple, dict, Any]] = {}
     STATE["plain_calls"] = calls
     depth = [0]
+    STATE["plain_depth"] = depth  # the pipeline's operations are the loop's own, at depth 0
     module_call = torch.nn.Module.__call__
 
     def recording_call(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:

@@ -879,7 +879,7 @@ if __name__ == '__main__':
 '''
 
 #: A backbone and a head whose input the loop computes from the backbone's output
-#: (``features.mean(1)``): what was recorded (the modules' calls) cannot replay that step.
+#: (``features.mean(1)``): the loop's operation is replayed between the two calls.
 BACKBONE_HEAD = '''
 import torch
 import torch.nn as nn
@@ -900,13 +900,48 @@ for step in range(10):
 '''
 
 
+#: A domain classifier behind a gradient-reversal ``autograd.Function`` (DANN): an operation
+#: between the modules that launch cannot call again (its forward runs without gradients).
+GRADIENT_REVERSAL = '''
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class GradReverse(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return -grad
+
+
+features_net = nn.Sequential(nn.Linear(64, 256), nn.ReLU())
+domain_head = nn.Linear(256, 2)
+optimizer = torch.optim.SGD(list(features_net.parameters()) + list(domain_head.parameters()), lr=0.1)
+for step in range(10):
+    x = torch.randn(32, 64)
+    d = torch.randint(0, 2, (32,))
+    features = features_net(x)
+    logits = domain_head(GradReverse.apply(features))
+    loss = F.cross_entropy(logits, d)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+'''
+
+
 @pytest.fixture(scope="module")
 def pipeline_runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runs]:
     r = Runs(tmp_path_factory.mktemp("pipeline"))
     r.plan("encoder_decoder", ENCODER_DECODER)
     r.plan("backbone_head", BACKBONE_HEAD)
-    r.futures["encoder_decoder_real"] = r.pool.submit(
-        measure_step, r.scripts["encoder_decoder"], Detected("plain"))
+    r.plan("gradient_reversal", GRADIENT_REVERSAL)
+    for name in ("encoder_decoder", "backbone_head"):
+        r.futures[f"{name}_real"] = r.pool.submit(measure_step, r.scripts[name],
+                                                  Detected("plain"))
     yield r
     r.pool.shutdown(wait=True, cancel_futures=True)
 
@@ -941,11 +976,25 @@ def test_an_encoder_and_a_decoder_with_an_optimizer_each_are_traced_as_the_loop_
     assert -0.03 <= (traced - real) / real <= 0.05, (traced, real)
 
 
+def test_the_loops_operation_between_two_modules_is_replayed(pipeline_runs: Runs) -> None:
+    """``head(features.mean(1))``: the mean is the loop's, between the two calls; it is
+    replayed there (the backbone alone was traced before, with a note)."""
+    data = pipeline_runs.json("backbone_head")
+    capture = json.loads(next((pipeline_runs.dir / "backbone_head" / "state"
+                               / "framework_recipes").glob("*/capture.json")).read_text())
+    assert [c.get("op") for c in capture["step"]["calls"]] == [None, "Tensor.mean", None]
+    assert capture["step"]["calls"][2]["args"]["list"] == [{"out": 1, "path": []}]
+    assert capture["parameters"] == 64 * 256 + 256 + 256 * 256 + 256 + 256 * 10 + 10
+    traced = data["chosen"]["memory"]["peak_allocated"]
+    real = pipeline_runs.futures["backbone_head_real"].result()["peak_allocated"]
+    assert -0.03 <= (traced - real) / real <= 0.05, (traced, real)
+
+
 def test_a_step_whose_modules_it_cannot_replay_is_not_traced_and_says_why(
         pipeline_runs: Runs) -> None:
-    """The head's input is computed from the backbone's output outside any module: the plan
-    says so and shows no traced number (the backbone alone was traced before, without a word)."""
-    status, out, err = pipeline_runs.futures["backbone_head"].result()
+    """The head's input comes out of a custom autograd Function: the plan says so and shows
+    no traced number (the feature net alone was traced before, the reversal's modules unsaid)."""
+    status, out, err = pipeline_runs.futures["gradient_reversal"].result()
     assert status == 2, out
     assert "the training step runs 2 modules (Sequential, Linear)" in err
     assert "computed with gradients outside the step's modules" in err
