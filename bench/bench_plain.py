@@ -152,6 +152,9 @@ def hook_free_child(script: str) -> int:
             state["model"] = self
             state["prof"] = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
             state["prof"].__enter__()
+        if (not depth[0] and torch.is_grad_enabled() and "prof" in state
+                and any(True for _ in self.parameters())):
+            state.setdefault("models", {})[id(self)] = self  # every module the step calls
         depth[0] += 1
         try:
             return call(self, *args, **kwargs)
@@ -170,7 +173,7 @@ def hook_free_child(script: str) -> int:
             return
         prof = state.pop("prof")
         prof.__exit__(None, None, None)
-        base, peak = profiled_peak(prof, state["model"])  # as measure_step reads it
+        base, peak = profiled_peak(prof, list(state["models"].values()))  # as measure_step
         print(f"HOOK-FREE {base + peak}", flush=True)
         raise Done
 

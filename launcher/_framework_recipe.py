@@ -18,7 +18,10 @@ and the step the framework would run:
   element of the output tuple, nanoGPT's ``logits, loss``). Its batch is resized along its own
   batch dimension, tensor by tensor (``batch_layout``: dimension 1 of a sequence-first loop's
   ``[seq, batch]`` tokens and ``[layers, batch, hidden]`` state, a flattened ``[seq * batch]``
-  target as the dimensions it was flattened from; ``_framework_child/batch_dim.py``).
+  target as the dimensions it was flattened from; ``_framework_child/batch_dim.py``);
+- a plain script whose step runs several modules (``_framework_child/pipeline.py``: an encoder
+  and a decoder): their calls, and the loop's operations between them, replayed in order by
+  one wrapper module, ``PipelineStep``.
 
 ``build_optimizer`` rebuilds the optimizer the framework made (its class and settings), so the
 trace holds the state that optimizer holds. Imported from launcher/ as a module it does nothing:
@@ -155,6 +158,87 @@ class LightningStep(torch.nn.Module):
         return self.module.training_step(batch, batch_idx)
 
 
+class PipelineStep(torch.nn.Module):
+    """A step of several modules (``_framework_child/pipeline.py``) as one forward: each call
+    made as the loop made it, its arguments the batch's inputs, earlier calls' outputs or the
+    values the loop gave. One module, so that DDP and FSDP wrap the whole step and the optimizer
+    is given every stage's parameters.
+
+    Where the loop binds each call's results to names, each stays alive until that call returns
+    again in the next step (``held_output``): the last step's outputs are kept here and
+    replaced as each call returns, as Python rebinds them; at a new batch size, stand-ins of
+    their shapes are made for the first step, as ``training_step`` does for one model.
+    """
+
+    def __init__(self, stages: torch.nn.ModuleList, calls: list[dict[str, Any]],
+                 held: list[list[Any]] | None, answer: int) -> None:
+        super().__init__()
+        self.stages = stages
+        self._calls = calls
+        self._held_shapes = held
+        self._answer = answer
+        self._held: list[Any] = []  # [rows, the last output of each call]
+
+    def forward(self, batch: dict[str, Any]) -> Any:
+        inputs = batch["inputs"]
+        outs: list[Any] = []
+        held = self._held_shapes is not None
+        if held:
+            rows = len(_first_rows(inputs))
+            if self._held and self._held[0] != rows:
+                self._held.clear()
+            if not self._held:
+                self._held[:] = [rows, *([torch.empty(_rows(shape, rows),
+                                                      dtype=getattr(torch, dtype))
+                                          for shape, dtype in shapes]
+                                         for shapes in self._held_shapes)]
+        rows = (len(_first_rows(inputs)), _capture().get("batch_size"))
+        for index, call in enumerate(self._calls):
+            # a module's call, or the loop's own operation on earlier outputs (``h[:, -1]``)
+            run = self.stages[call["module"]] if "module" in call else _operation(call["op"])
+            out = run(*_replayed(call["args"], inputs, outs, rows),
+                      **_replayed(call["kwargs"], inputs, outs, rows))
+            outs.append(out)
+            if held and "module" in call:
+                self._held[1 + index] = out  # the last step's output of this call is let go
+        return outs[self._answer]
+
+
+def _operation(name: str) -> Any:
+    """A torch function the loop called between its modules, by ``pipeline._op_name``."""
+    import torch.nn.functional as F
+
+    owner, _, attribute = name.partition(".")
+    return getattr({"Tensor": torch.Tensor, "torch": torch, "F": F}[owner], attribute)
+
+
+def _replayed(spec: dict[str, Any], inputs: list[Any], outs: list[Any],
+              rows: tuple[int, int | None]) -> Any:
+    """A call's argument from its recorded reference (``pipeline._Flow.spec``); ``rows``: the
+    replayed batch's and the captured one's, for a shape operation's sizes."""
+    if "in" in spec:
+        return inputs[spec["in"]]
+    if "out" in spec:
+        value = outs[spec["out"]]
+        for key in spec["path"]:
+            value = value[key]
+        return value
+    if "dict" in spec:
+        return {k: _replayed(v, inputs, outs, rows) for k, v in spec["dict"].items()}
+    if "list" in spec:
+        items = [_replayed(v, inputs, outs, rows) for v in spec["list"]]
+        return tuple(items) if spec.get("tuple") else items
+    if "size" in spec:
+        return rows[0] if spec["size"] == rows[1] else spec["size"]
+    if "slice" in spec:
+        return slice(*(_replayed(v, inputs, outs, rows) for v in spec["slice"]))
+    if "ellipsis" in spec:
+        return Ellipsis
+    if "dtype" in spec:
+        return getattr(torch, spec["dtype"])
+    return spec["value"]
+
+
 def _materialize(model: torch.nn.Module, device: torch.device) -> None:
     """Storage for the pickled meta weights on ``device`` (fake under a trace, real on the CPU
     for a measurement, meta when sized on the meta device), random values; tied weights stay
@@ -203,8 +287,11 @@ def build_model() -> torch.nn.Module:
     _materialize(model, torch.empty(0).device)  # the device (and mode) it is built under
     model.train()
     _as_on_real_tensors()
-    if _capture()["step"]["kind"] == "lightning":
+    step = _capture()["step"]
+    if step["kind"] == "lightning":
         model = LightningStep(model)
+    elif step["kind"] == "pipeline":
+        model = PipelineStep(model, step["calls"], step.get("held_output"), step["from"])
     _built[:] = [weakref.ref(model)]
     return model
 
@@ -336,6 +423,8 @@ def training_step(model: torch.nn.Module, batch: Any) -> torch.Tensor:
         if not isinstance(out, torch.Tensor):
             raise ValueError("training_step returned no loss (manual optimization?)")
         return out
+    if step["kind"] == "pipeline":
+        return _pipeline_step(model, batch, step)
     plain = step["kind"] == "plain"  # a plain script's loop: {"args", "kwargs", "extra"}
     holds = step.get("held_output") is not None
     if holds:
@@ -365,6 +454,27 @@ def training_step(model: torch.nn.Module, batch: Any) -> torch.Tensor:
         return out[step["index"]]
     if how == "function":  # of the output and the loop's tensor (a plain loop's ``target``)
         target = batch["extra"][step["target"]] if plain else batch[step["target"]]
+        return _loss_function(step["function"], _output_tensor(out, step.get("output", "auto")),
+                              target, bool(step.get("flatten")))
+    loss = _output_loss(out) if how == "model" else None
+    return loss if loss is not None else _output_tensor(out).float().sum()
+
+
+def _pipeline_step(model: torch.nn.Module, batch: dict[str, Any], step: dict[str, Any]
+                   ) -> torch.Tensor:
+    """A step of several modules (``PipelineStep``), its loss taken from the output it was
+    matched against, the target a batch input or a tensor of the loop's own."""
+    grads = _last_gradients(model) if step.get("grads_through_forward") else []
+    out = model(batch)
+    del grads
+    how = step.get("loss", "model")
+    if how == "output":
+        return out
+    if how == "index":
+        return out[step["index"]]
+    if how == "function":
+        target = (batch["inputs"][step["target_input"]] if "target_input" in step
+                  else batch["extra"][step["target"]])
         return _loss_function(step["function"], _output_tensor(out, step.get("output", "auto")),
                               target, bool(step.get("flatten")))
     loss = _output_loss(out) if how == "model" else None
@@ -408,7 +518,26 @@ def build_optimizer(params: Any) -> torch.optim.Optimizer:
     accepted = inspect.signature(cls.__init__).parameters
     if not any(p.kind is p.VAR_KEYWORD for p in accepted.values()):
         settings = {k: v for k, v in settings.items() if k in accepted}
-    return cls(params, **settings)
+    params = list(params)
+    groups = _groups(spec.get("groups"), params)
+    return cls(groups or params, **settings)
+
+
+def _groups(groups: list[dict[str, Any]] | None, params: list[Any]) -> list[dict[str, Any]]:
+    """The parameter groups of a step's several optimizers of one class with different settings
+    (``pipeline._optimizers``), by the parameters' places in the stages' order; none (one group
+    of the first's settings) where ``params`` are not the built model's own (FSDP's flat ones)."""
+    model = _built[0]() if groups and _built else None
+    if model is None:
+        return []
+    stages = model.stages if isinstance(model, PipelineStep) else model
+    ordered = list({id(p): p for p in stages.parameters()}.values())
+    given = {id(p) for p in params}
+    if any(id(p) not in given for p in ordered if p.requires_grad):
+        return []
+    return [{**{k: tuple(v) if isinstance(v, list) else v for k, v in g["settings"].items()},
+             "params": [ordered[i] for i in g["params"] if ordered[i].requires_grad]}
+            for g in groups if g["params"]]
 
 
 def wrap_modules() -> tuple[type, ...]:

@@ -477,7 +477,7 @@ def _validate(spec: Spec, labels: Mapping[str, str] | None = None,
     if (spec.mode == "script" and spec.params is None and spec.model_config is None
             and spec.framework is None and not spec.captured):  # traced from what it builds
         raise UsageError(
-            f"{spec.script.name} is a plain script that launch could not run to its first "
+            f"{spec.script.name} is a plain script that launch could not capture at its first "
             f"optimizer step, so it cannot trace its model"
             + (f" ({'; '.join(notes)})" if notes else ""),
             "describe it with --model-config config.json or --params 7B, or make it a recipe "

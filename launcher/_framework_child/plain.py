@@ -66,10 +66,13 @@ _LR_DESTS = ("lr", "learning_rate", "base_lr")
 def patch_plain() -> None:
     """The hooks: argparse's parsed values, the top-level module calls, backward, and the first
     optimizer step (which stops the script)."""
+    from launcher._framework_child.pipeline import patch_pipeline, record_backward, record_call
+
     _patch_argparse()
     patch_click(STATE["plain_parsers"])
     patch_environ(STATE["script"])
     _patch_cuda()
+    patch_pipeline()
     _patch_compile()
     autocasts = _patch_autocast()
     #: a top-level call without gradients before the first step (an evaluation: nanoGPT's
@@ -86,6 +89,7 @@ def patch_plain() -> None:
     calls: dict[int, tuple[torch.nn.Module, tuple, dict, Any]] = {}
     STATE["plain_calls"] = calls
     depth = [0]
+    STATE["plain_depth"] = depth  # the pipeline's operations are the loop's own, at depth 0
     module_call = torch.nn.Module.__call__
 
     def recording_call(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
@@ -97,6 +101,9 @@ def patch_plain() -> None:
             if "measured_model" not in STATE and any(True for _ in self.parameters()):
                 STATE["measured_model"] = self
                 start_profile()  # from the loop's first forward on
+            if "profile" in STATE and any(True for _ in self.parameters()):
+                # every module the step calls: their weights are the step's too (a decoder's)
+                STATE.setdefault("measured_models", {})[id(self)] = self
             # measured, not captured: nothing of the step is kept, or the measurement would
             # hold a batch and an output the script itself had let go (786,560 B on a ResNet)
             return module_call(self, *args, **kwargs)
@@ -110,6 +117,7 @@ def patch_plain() -> None:
             depth[0] -= 1
         calls.pop(id(self), None)
         calls[id(self)] = (self, args, kwargs, out)  # the last call of each, in call order
+        record_call(self, args, kwargs, out)  # and all of them, for a step of several modules
         return out
 
     torch.nn.Module.__call__ = recording_call  # type: ignore[method-assign]
@@ -126,6 +134,7 @@ def patch_plain() -> None:
             # (``_OnTheCpu``: torch's backward hands itself to the mode, which calls it again)
             STATE["plain_loss"] = self
             STATE["plain_frame"] = dict(_caller().f_locals)
+            record_backward()
         outer, inside[0] = inside[0], True
         try:
             return backward(self, *args, **kwargs)
@@ -363,6 +372,12 @@ def _unwrapped(module: torch.nn.Module) -> torch.nn.Module:
 
 
 def _capture(optimizer: torch.optim.Optimizer) -> None:
+    from launcher._framework_child.pipeline import pipeline_step
+
+    several = pipeline_step(optimizer, _scaled_from)  # an encoder and a decoder, say
+    if several is not None:
+        _capture_several(*several)
+        return
     held = {id(p) for group in optimizer.param_groups for p in group["params"]}
     calls = list(STATE.get("plain_calls", {}).values())
     owners = []
@@ -407,6 +422,25 @@ def capture_step(model: torch.nn.Module, args: tuple, kwargs: dict, out: Any) ->
     finish(_unwrapped(model), batch, step)
     record_batch_dim(batch, found)
     _learn_flags(rows)
+    write_answer()
+
+
+def _capture_several(modules: list[torch.nn.Module], batch: dict[str, Any],
+                     step: dict[str, Any]) -> None:
+    """Write a step of several modules (``pipeline.pipeline_step``) as ``capture_step`` writes
+    one model's: the modules as one ``ModuleList`` (the recipe's ``PipelineStep`` calls them)."""
+    if _grads_through_forward():
+        step["grads_through_forward"] = True
+    if not _loop_binds_output(STATE["script"]):
+        step.pop("held_output")
+    found = find_batch_dim(batch)
+    ANSWER["settings"] = {"batch_size": found.rows}
+    stages = torch.nn.ModuleList([_unwrapped(m) for m in modules])
+    finish(stages, batch, step)
+    record_batch_dim(batch, found)
+    ANSWER["pipeline"] = [f"{type(m).__module__}.{type(m).__qualname__}" for m in stages]
+    ANSWER["model_class"] = " + ".join(ANSWER["pipeline"])
+    _learn_flags(found.rows)
     write_answer()
 
 
