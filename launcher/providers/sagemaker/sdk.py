@@ -130,7 +130,7 @@ def _framework(strategy: str) -> str:
 
 
 def _label(framework: str) -> str:
-    return "SMP v2" if framework == "pytorch-smp" else "PyTorch training"
+    return "SMP v2" if framework == "pytorch-smp" else "AWS PyTorch training"
 
 
 def torch_versions(framework: str) -> tuple[list[str], dict[str, str]]:
@@ -179,7 +179,7 @@ def training_image(region: str, strategy: str, instance_type: str, torch: str,
     versions, keys = torch_versions(framework)
     if torch not in keys:
         near = nearest_version(torch, versions)
-        raise BadValue(f"{sdk} publishes no {label} image of PyTorch {torch}; the nearest it "
+        raise BadValue(f"{sdk} publishes no {label} image of torch {torch}; the nearest it "
                        f"publishes is {near}",
                        f"set torch_version = \"{near}\", or pass --image")
     torch = keys[torch] if framework == "pytorch" else torch  # "2.8" -> "2.8.0"
@@ -188,13 +188,13 @@ def training_image(region: str, strategy: str, instance_type: str, torch: str,
         py_version = max(py_versions, key=_version_key)
     elif py_version not in py_versions:
         near = nearest_version(py_version, py_versions)
-        raise BadValue(f"{sdk} publishes no {label} image of PyTorch {torch} for Python "
+        raise BadValue(f"{sdk} publishes no {label} image of torch {torch} for Python "
                        f"{py_version}; the nearest it publishes is {near}",
                        f"set py_version = \"{near}\", or pass --image")
     regions = published_regions(framework, torch, py_version)
     if region not in regions:
         near = nearest_region(region, regions)
-        raise BadValue(f"{sdk} publishes no {label} image of PyTorch {torch} in {region}; the "
+        raise BadValue(f"{sdk} publishes no {label} image of torch {torch} in {region}; the "
                        f"nearest region it publishes one in is {near}",
                        f"pass --region {near}, or --image with an image in {region}")
     try:
@@ -204,7 +204,7 @@ def training_image(region: str, strategy: str, instance_type: str, torch: str,
             distribution=SMP_DISTRIBUTION if framework == "pytorch-smp" else None)
     except ValueError as exc:  # the instance type: a processor the image is not built for
         reason = str(exc).split(". ")[0].rstrip(".")
-        raise BadValue(f"{sdk} publishes no {label} image of PyTorch {torch} for "
+        raise BadValue(f"{sdk} publishes no {label} image of torch {torch} for "
                        f"{instance_type} ({reason[:200]})",
                        "run `launch machines --provider sagemaker` for the GPU instance types"
                        ) from None
