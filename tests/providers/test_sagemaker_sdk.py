@@ -244,7 +244,11 @@ print(json.dumps({"status": status, "sdk": "sagemaker" in sys.modules,
 def _imports(args: list[str], tmp_path: Path) -> dict[str, Any]:
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "LAUNCH_NO_TRACE": "1",
            "LAUNCH_STATE_DIR": str(tmp_path / "state"), "LAUNCH_HOME": str(tmp_path / "home"),
-           "AWS_EC2_METADATA_DISABLED": "true", "PYTHONPATH": str(ROOT)}
+           "AWS_EC2_METADATA_DISABLED": "true", "PYTHONPATH": str(ROOT),
+           # status reads from a port nothing listens on: refused at once
+           "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing-secret-value",
+           "AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_CONFIG_FILE": str(tmp_path / "none"),
+           "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none")}
     out = subprocess.run([sys.executable, "-c", _IMPORTS, *args], capture_output=True,
                          text=True, check=True, cwd=tmp_path, env=env, timeout=120)
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -264,6 +268,14 @@ def test_only_a_sagemaker_request_imports_the_sdk(tiny_recipe, tmp_path: Path) -
         seen = _imports(args, tmp_path)
         assert seen["status"] in (0, None), (what, seen)
         assert not seen["sdk"], f"{what} imported the SageMaker SDK"
+    # Following a SageMaker job reads it with boto3 and builds no request.
+    from launcher.runs import Attempt, Run
+
+    run = Run.create(tmp_path / "state", "train", {"provider": "sagemaker", "spec": {
+        "bucket": BUCKET, "role": ROLE, "region": "us-east-1"}})
+    run.save_attempt(Attempt(number=1, plan={}, job_id="launch-train-a1", state="running"))
+    status = _imports(["status", run.id], tmp_path)
+    assert status == {"status": ExitStatus.PROVIDER_ERROR, "sdk": False, "boto3": True}
     building = _imports(["plan", str(tiny_recipe), *sagemaker, "--bucket", BUCKET,
                          "--role", ROLE], tmp_path)
     assert building == {"status": 0, "sdk": True, "boto3": True}
