@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -279,3 +280,25 @@ def test_only_a_sagemaker_request_imports_the_sdk(tiny_recipe, tmp_path: Path) -
     building = _imports(["plan", str(tiny_recipe), *sagemaker, "--bucket", BUCKET,
                          "--role", ROLE], tmp_path)
     assert building == {"status": 0, "sdk": True, "boto3": True}
+
+
+def test_the_sdk_answers_without_a_network_connection() -> None:
+    """No AWS call, no telemetry: the URIs come from the data the SDK ships. A fresh interpreter
+    records every socket connect (an audit hook) from the SDK's import to the last answer."""
+    code = textwrap.dedent("""
+        import sys
+        connects = []
+        sys.addaudithook(lambda event, args: connects.append(args[1]) if event in (
+            "socket.connect", "socket.getaddrinfo") else None)
+        from launcher.providers.sagemaker import sdk
+        for region, strategy in (("us-east-1", "ddp"), ("us-west-2", "smp_v2"),
+                                 ("cn-north-1", "fsdp")):
+            sdk.training_image(region, strategy, "ml.p4d.24xlarge",
+                               "2.5.1" if strategy == "smp_v2" else "2.8.0")
+        sdk.gpu_facts("us-east-1")
+        print(connects)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT),
+                                          "HOME": "/nonexistent"}, timeout=120)
+    assert out.stdout.strip().splitlines()[-1] == "[]"

@@ -138,7 +138,7 @@ def torch_versions(framework: str) -> tuple[list[str], dict[str, str]]:
     what it also accepts -> the config key it resolves to). For ``pytorch`` the config's keys
     are PyTorch versions (``2.8`` is an alias of ``2.8.0``); for ``pytorch-smp`` they are SMP
     library versions and the PyTorch versions are the aliases (``2.5.1`` -> SMP ``2.8.0``)."""
-    config = image_uris().config_for_framework(framework)[SCOPE]
+    config = _config(framework)
     aliases: dict[str, str] = dict(config.get("version_aliases", {}))
     if framework == "pytorch":
         full = [v for v in config["versions"] if _FULL_VERSION.match(v)]
@@ -149,8 +149,16 @@ def torch_versions(framework: str) -> tuple[list[str], dict[str, str]]:
     return sorted(full, key=_version_key), keys
 
 
+@functools.cache
+def _config(framework: str) -> dict[str, Any]:
+    """The SDK's training image data of ``framework`` (its JSON, read once: a lookup reads it
+    several times otherwise). Not to be changed by the caller."""
+    config: dict[str, Any] = image_uris().config_for_framework(framework)[SCOPE]
+    return config
+
+
 def _version_config(framework: str, key: str, py_version: str | None) -> dict[str, Any]:
-    config = image_uris().config_for_framework(framework)[SCOPE]["versions"][key]
+    config = _config(framework)["versions"][key]
     return (config.get(py_version) or config) if py_version else config
 
 
