@@ -5,13 +5,16 @@ Why the SDK and not a table of our own: AWS adds regions, versions and registry 
 SDK's data (``sagemaker/core/image_uri_config/*.json``) is where it says so. The table this module
 replaced had gone stale without a sign: it lacked ``me-west-1``, which sagemaker-core 2.27.0
 publishes PyTorch 2.8.0 for. Every answer here comes from the SDK's own functions
-(``image_uris.get_training_image_uri``, ``list_versions``, ``list_py_versions``,
-``config_for_framework``; ``instance_types_gpu_info.retrieve``), none of which calls AWS.
+(``image_uris.get_training_image_uri``, ``list_py_versions``, ``config_for_framework``;
+``instance_types_gpu_info.retrieve``), none of which calls AWS or opens a connection (a test
+holds that).
 
-Why only here, and only when called: ``from sagemaker.core import image_uris`` takes about 1.4 s
-and the package with its dependencies (pandas, scipy) is about 450 MB, so it is the ``sagemaker``
+Why only here, and only when called: ``from sagemaker.core import image_uris`` takes 1.4 to 2 s
+(it imports the whole package: typed shapes, resources, pandas) and the package with its
+dependencies (scipy, pandas) is about 400 MB (docs/benchmarks.md), so it is the ``sagemaker``
 extra, imported by the SageMaker dry run alone. ``launch --help``, ``launch machines``, a plan for
-another provider, and ``status``/``logs``/``cancel`` never import it (tests/test_cli.py and
+another provider or with an ``image`` of one's own, and ``status``/``logs``/``cancel`` never
+import it (tests/test_cli.py, tests/providers/test_sagemaker_sdk.py and
 bench/bench_cli_startup.py check). Without the extra, the one line :data:`MISSING` says what to
 install.
 
