@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from launcher.doctor import DoctorReport, print_report, run_doctor
+from launcher.providers.sagemaker.sdk import sdk_version
 from launcher.status import ExitStatus, UsageError
 from tests.fakes.sagemaker_server import (
     isolated_aws_env,
@@ -138,6 +139,10 @@ def test_sagemaker_ready_with_the_terraform_policy(account: dict[str, str],
         "bucket write": "ok", "role": "ok", "permissions": "ok", "quota": "ok"}, printed(report)
     assert report.exit_status == ExitStatus.SUCCESS
     assert "AWS_ACCESS_KEY_ID" in report.check("credentials").detail  # the name, not the key
+    # The image the SDK (sagemaker-core's image_uris) names for the region, and where from.
+    assert report.check("image").detail == ("763104351884.dkr.ecr.us-east-1.amazonaws.com/"
+                                            "pytorch-training:2.8.0-gpu-py312 (from "
+                                            f"{sdk_version()})")
     assert "ml.g5.xlarge 2" in report.check("quota").detail
     assert "ml.p4d.24xlarge" not in report.check("quota").detail  # 0: not allowed
     assert "ml.m5.xlarge" not in report.check("quota").detail  # no GPU

@@ -24,8 +24,9 @@ locals {
 
   # Where the AWS Deep Learning Containers the launcher runs are published, per region: the
   # PyTorch training image, and the SageMaker model parallelism (SMP v2) image for smp_v2 plans.
-  # The same data as launcher/providers/sagemaker/_aws.py (PYTORCH_REGISTRIES, SMP_REGISTRY, SMP_REGIONS);
-  # tests/infra/test_policies.py fails when the two disagree.
+  # The launcher asks the SageMaker SDK (sagemaker-core's image_uris: PyTorch 2.8.0 training and
+  # SMP v2 for PyTorch 2.5.1) for the image URIs; Terraform cannot, so this is a copy of the SDK's
+  # data, and tests/infra/test_policies.py fails when the two disagree.
   pytorch_registries = {
     "af-south-1"     = "626614931356"
     "ap-east-1"      = "871362719292"
@@ -57,6 +58,7 @@ locals {
     "il-central-1"   = "780543022126"
     "me-central-1"   = "914824155844"
     "me-south-1"     = "217643126080"
+    "me-west-1"      = "124382933778"
     "mx-central-1"   = "637423239942"
     "sa-east-1"      = "763104351884"
     "us-east-1"      = "763104351884"

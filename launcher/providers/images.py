@@ -43,14 +43,25 @@ MIN_TORCH_OPTIMIZER: dict[str, Version] = {"adafactor": (2, 5)}
 @dataclass(frozen=True)
 class Image:
     """A training image the launcher picks by default. ``repository`` and ``tag`` are what
-    follows the registry host; ``torch`` is the version inside."""
+    follows the registry host; ``torch`` is the version inside.
+
+    ``tag`` None: the SageMaker SDK names the image (``launcher/providers/sagemaker/sdk.py`` asks
+    it for the URI of ``torch`` in the job's region, for its instance type); what this table
+    keeps is the torch the scripts ran under, not a copy of AWS's registries and tags."""
 
     provider: str
     repository: str
-    tag: str
+    tag: str | None
     torch: str
     strategies: tuple[str, ...]
     source: str
+
+    @property
+    def shown(self) -> str:
+        """The image as a hint names it."""
+        if self.tag is None:
+            return f"{self.repository} with torch {self.torch}"
+        return f"{self.repository}:{self.tag}"
 
     @property
     def torch_version(self) -> Version:
@@ -59,7 +70,8 @@ class Image:
 
 
 #: The images the requests name when no image is given. launcher/providers/vertex/provider.py
-#: (DEFAULT_IMAGE) and launcher/providers/sagemaker/_aws.py (training_image) build their URIs.
+#: (DEFAULT_IMAGE) builds Vertex's URIs; SageMaker's come from the SDK (sagemaker-core's
+#: image_uris, asked by launcher/providers/sagemaker/sdk.py for the torch given here).
 IMAGES: tuple[Image, ...] = (
     Image("vertex", "vertex-ai/training/pytorch-gpu.2-4.py310", "latest", "2.4",
           ("single", "ddp"),
@@ -70,12 +82,12 @@ IMAGES: tuple[Image, ...] = (
           "the official PyTorch image (Docker Hub), for what torch 2.4 cannot run: FSDP2 plans "
           "and adafactor; torch 2.8.0 like SageMaker's default. It has no google-cloud-storage: "
           "the bootstrap reads the staged code from Vertex AI's /gcs mount"),
-    Image("sagemaker", "pytorch-training", "2.8.0-gpu-py312", "2.8.0",
+    Image("sagemaker", "pytorch-training", None, "2.8.0",
           ("single", "ddp", "fsdp", "hybrid_shard"),
-          "AWS Deep Learning Container, sagemaker.image_uris 'pytorch' training 2.8.0"),
-    Image("sagemaker", "smdistributed-modelparallel", "2.5.1-gpu-py311-cu124", "2.5.1",
+          "AWS Deep Learning Container: sagemaker-core's image_uris, 'pytorch' training 2.8.0"),
+    Image("sagemaker", "smdistributed-modelparallel", None, "2.5.1",
           ("smp_v2",),
-          "SMP v2 image (SMP 2.8.0), sagemaker.image_uris 'pytorch-smp' 2.5.1"),
+          "SMP v2 image (SMP 2.8.0): sagemaker-core's image_uris, 'pytorch-smp' 2.5.1"),
 )
 
 #: Named in hints when the provider's own default is too old (Vertex AI's prebuilt PyTorch
@@ -109,7 +121,7 @@ def torch_version(image: str) -> Version | None:
     when neither tells (a custom image, ``latest``, NVIDIA's NGC tags that are release dates)."""
     repository, last, tag = _split(image)
     for known in IMAGES:
-        if repository.endswith(known.repository) and tag == known.tag:
+        if known.tag is not None and repository.endswith(known.repository) and tag == known.tag:
             return known.torch_version
     match = _GOOGLE_NAME.match(last)
     if match:
@@ -129,12 +141,8 @@ def required_torch(strategy: str, optimizer: str | None = None) -> Version:
 def suggestion(provider: str | None, strategy: str, optimizer: str | None = None) -> str:
     """An image new enough for ``strategy``: ``provider``'s default if it is, else the official
     PyTorch image with the torch of SageMaker's default (2.8.0, which every script ran under)."""
-    need = required_torch(strategy, optimizer)
-    for image in IMAGES:
-        if (image.provider == provider and strategy in image.strategies
-                and image.torch_version >= need):
-            return f"{image.repository}:{image.tag}"
-    return OFFICIAL_EXAMPLE
+    image = default_image(provider or "", strategy, optimizer)
+    return image.shown if image is not None else OFFICIAL_EXAMPLE
 
 
 def default_image(provider: str, strategy: str, optimizer: str | None = None) -> Image | None:
@@ -160,7 +168,11 @@ def check_image(image: str, strategy: str, optimizer: str | None = None,
     script = f"the {strategy} training script"
     if MIN_TORCH_OPTIMIZER.get(optimizer or "", (0, 0)) > MIN_TORCH.get(strategy, (0, 0)):
         script += f" with optimizer {optimizer}"
+    default = default_image(provider or "", strategy, optimizer)
+    hint = f"pass --image with a newer torch, e.g. {suggestion(provider, strategy, optimizer)}"
+    if default is not None and default.tag is None:  # the SDK names it: no URI to give here
+        hint = (f"leave --image and torch_version unset for {default.shown}, or pass --image "
+                "with a newer torch")
     raise UsageError(
         f"image {image} has torch {have[0]}.{have[1]}, older than {script} supports "
-        f"(torch {need[0]}.{need[1]} or newer, the oldest it was run under)",
-        f"pass --image with a newer torch, e.g. {suggestion(provider, strategy, optimizer)}")
+        f"(torch {need[0]}.{need[1]} or newer, the oldest it was run under)", hint)

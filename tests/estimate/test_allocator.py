@@ -7,6 +7,7 @@ docstring lists them); the comment next to each assertion is the working.
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import random
 import sys
@@ -259,9 +260,16 @@ def test_the_default_images_run_a_cuda_with_lazy_loading() -> None:
     assert image_cuda("us-docker.pkg.dev/vertex-ai/training/pytorch-cu121.2-2.py310") == (12, 1)
     assert image_cuda("pytorch-training:1.8.1-gpu-py36") is None  # torch 1.8: not known
     assert image_cuda("registry/custom:latest") is None
-    for image in IMAGES:
-        cuda = image_cuda(f"{image.repository}:{image.tag}")
-        assert cuda is not None and cuda >= LAZY_LOADING_SINCE, image
+    uris = [f"{image.repository}:{image.tag}" for image in IMAGES if image.tag is not None]
+    named = [image for image in IMAGES if image.tag is None]  # SageMaker's: the SDK names them
+    if named and importlib.util.find_spec("sagemaker") is not None:
+        from launcher.providers.sagemaker import sdk
+
+        uris += [sdk.training_image("us-east-1", image.strategies[0], "ml.p4d.24xlarge",
+                                    image.torch).uri for image in named]
+    for uri in uris:
+        cuda = image_cuda(uri)
+        assert cuda is not None and cuda >= LAZY_LOADING_SINCE, uri
 
 
 def test_nccl_buffers_follow_channels_and_buffsize() -> None:

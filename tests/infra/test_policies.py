@@ -20,7 +20,7 @@ import pytest
 
 pytest.importorskip("hcl2")
 
-from launcher.providers.sagemaker import LOG_GROUP, SageMakerSettings, _aws  # noqa: E402
+from launcher.providers.sagemaker import LOG_GROUP, SageMakerSettings  # noqa: E402
 from launcher.providers.sagemaker import doctor as sagemaker_doctor  # noqa: E402
 from launcher.providers.vertex import doctor as vertex_doctor  # noqa: E402
 from tests.infra import derive  # noqa: E402
@@ -205,7 +205,10 @@ def _job_requests(ev: Any, region: str, tmp_path: Path, strategy: str) -> list[R
 
 
 def _strategies(region: str) -> list[str]:
-    return ["ddp", "smp_v2"] if region in _aws.SMP_REGIONS else ["ddp"]
+    from launcher.providers.sagemaker import sdk
+
+    return ["ddp", "smp_v2"] if region in sdk.published_regions("pytorch-smp", "2.5.1") else [
+        "ddp"]
 
 
 @pytest.mark.parametrize("example", [False, True], ids=["defaults", "every-option"])
@@ -267,11 +270,17 @@ def test_only_pushes_to_main_of_one_repository_get_the_ci_role() -> None:
         "repo:example-org/example-repo:ref:refs/heads/main"]
 
 
-def test_the_image_registries_are_the_providers() -> None:
+def test_the_image_registries_are_the_sdks() -> None:
+    """The execution role may pull from the registries the SDK names the images in (the
+    provider asks sagemaker-core's image_uris; the Terraform keeps a copy, held to it here)."""
+    pytest.importorskip("sagemaker.core.image_uris")
+    from launcher.providers.sagemaker import sdk
+
     ev = aws_module()
-    assert ev.local("pytorch_registries") == _aws.PYTORCH_REGISTRIES
-    assert ev.local("smp_registry") == _aws.SMP_REGISTRY
-    assert set(ev.local("smp_regions")) == set(_aws.SMP_REGIONS)
+    assert ev.local("pytorch_registries") == sdk.registries("pytorch", "2.8.0")
+    smp = sdk.registries("pytorch-smp", "2.5.1")
+    assert {ev.local("smp_registry")} == set(smp.values())
+    assert set(ev.local("smp_regions")) == set(smp)
 
 
 # -- AWS: the bucket ---------------------------------------------------------------------------

@@ -10,7 +10,6 @@ import pytest
 from launcher.plan.planner import RUNNABLE_STRATEGIES, SHARDED
 from launcher.providers import images, vertex
 from launcher.providers.images import MIN_TORCH, check_image, torch_version
-from launcher.providers.sagemaker import _aws
 from launcher.render import available_strategies
 from launcher.status import ExitStatus, UsageError
 
@@ -49,7 +48,8 @@ def test_an_image_older_than_the_strategy_ran_under_is_refused_in_one_line():
     assert error.status == ExitStatus.USAGE
     assert "\n" not in str(error)
     assert "has torch 2.3" in error.message and "torch 2.7 or newer" in error.message
-    assert "pytorch-training:2.8.0-gpu-py312" in error.hint  # the provider's own default
+    # the provider's own default, which the SDK names (sagemaker-core's image_uris)
+    assert "unset for pytorch-training with torch 2.8.0" in error.hint
 
 
 def test_new_enough_and_unknown_images_pass():
@@ -79,15 +79,27 @@ def test_the_vertex_default_image_is_refused_for_fsdp_with_an_image_to_use_inste
 def test_every_strategy_has_a_floor_and_every_default_image_is_in_the_table():
     assert set(MIN_TORCH) == set(available_strategies())
     assert set(RUNNABLE_STRATEGIES) | set(SHARDED) <= set(MIN_TORCH)
-    defaults = [vertex.DEFAULT_IMAGE.format(geo="us")] + [
-        _aws.training_image("us-east-1", strategy) for strategy in ("ddp", "smp_v2")]
-    table = {f"{i.repository}:{i.tag}": i for i in images.IMAGES}
-    for uri in defaults:
-        (entry,) = [i for key, i in table.items() if uri.endswith(key)]
-        assert torch_version(uri) == entry.torch_version
-    # SageMaker's defaults serve every strategy they are picked for.
+    uri = vertex.DEFAULT_IMAGE.format(geo="us")
+    table = {f"{i.repository}:{i.tag}": i for i in images.IMAGES if i.tag is not None}
+    (entry,) = [i for key, i in table.items() if uri.endswith(key)]
+    assert torch_version(uri) == entry.torch_version
+
+
+def test_the_sdk_names_sagemaker_s_defaults_with_the_torch_the_table_keeps():
+    """SageMaker's default images are the SDK's URIs (sagemaker-core's image_uris) of the torch
+    images.py keeps; the torch read back from each URI is that torch, and each default serves
+    every strategy it is picked for."""
+    pytest.importorskip("sagemaker.core.image_uris")
+    from launcher.providers.sagemaker import sdk
+
     for strategy in ("single", "ddp", "fsdp", "hybrid_shard", "smp_v2"):
-        check_image(_aws.training_image("us-east-1", strategy), strategy, "adamw", "sagemaker")
+        entry = images.default_image("sagemaker", strategy, "adamw")
+        assert entry is not None and entry.tag is None  # no tag of ours: the SDK's
+        image = sdk.training_image("us-east-1", strategy, "ml.p4d.24xlarge", entry.torch)
+        assert image.torch == entry.torch
+        assert f"/{entry.repository}:{entry.torch}-gpu-" in image.uri
+        assert torch_version(image.uri) == entry.torch_version
+        check_image(image.uri, strategy, "adamw", "sagemaker")
 
 
 def test_the_vertex_default_follows_the_strategy_and_an_old_image_is_refused(tmp_path: Path):

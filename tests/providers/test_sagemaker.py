@@ -114,8 +114,11 @@ def moto() -> Any:
     server, endpoint = start_moto()
     s3 = moto_client("s3", endpoint)
     s3.create_bucket(Bucket=BUCKET)
-    moto_client("iam", endpoint).create_role(RoleName="SageMakerRole",
-                                             AssumeRolePolicyDocument="{}")
+    iam = moto_client("iam", endpoint)
+    # moto's backends live as long as the process: another module's server (test_sagemaker_sdk
+    # uses this fixture too) may have made the role already.
+    if "SageMakerRole" not in {r["RoleName"] for r in iam.list_roles()["Roles"]}:
+        iam.create_role(RoleName="SageMakerRole", AssumeRolePolicyDocument="{}")
     yield endpoint
     server.stop()
 

@@ -4,8 +4,9 @@
 ``logs.py`` (reading CloudWatch Logs: every stream of a job and the event channel),
 ``settings.py`` (the run's settings, job names and states), ``package.py`` (the code package),
 ``doctor.py`` (`launch doctor --provider sagemaker`), ``bootstrap.py`` (``launch_sagemaker.py``,
-what starts torchrun on every host, shipped as package data) and ``_aws.py`` (how one talks to
-AWS). Importing it imports no AWS SDK: boto3 is imported by the calls that need it.
+what starts torchrun on every host, shipped as package data), ``sdk.py`` (the training image
+URIs, from sagemaker-core) and ``_aws.py`` (how one talks to AWS). Importing it imports no AWS
+SDK: boto3 is imported by the calls that need it, sagemaker-core by the dry run alone.
 """
 
 from launcher.providers.sagemaker.logs import FILTER_PATTERN_MAX, LOG_GROUP, event_filter

@@ -1,4 +1,5 @@
-"""AWS plumbing for the SageMaker provider: sessions, clients, credentials, errors, image URIs.
+"""AWS plumbing for the SageMaker provider: sessions, clients, credentials, errors. (The training
+image URIs are the SDK's: ``sdk.py``.)
 
 Kept apart from ``provider.py`` so that the provider reads as SageMaker logic, and so that boto3
 (about half a second to import) is imported only inside these functions: `launch --help` and
@@ -114,8 +115,14 @@ class Aws:
     """
 
     def __init__(self, region: str, environ: Mapping[str, str], settings: ClientSettings):
-        import boto3
-        import botocore.session
+        try:
+            import boto3
+            import botocore.session
+        except ImportError:
+            from launcher.providers.sagemaker.sdk import INSTALL_HINT
+
+            raise UsageError("the SageMaker provider needs the sagemaker extra (boto3)",
+                             INSTALL_HINT) from None
 
         self.region = check_region(region)  # it becomes part of every endpoint's host name
         self.environ = dict(environ)
@@ -465,76 +472,3 @@ def _one_line(exc: BaseException) -> str:
     """The exception's text on one line (botocore's parameter errors span several)."""
     text = " ".join(part.strip() for part in str(exc).splitlines() if part.strip())
     return (text or type(exc).__name__)[:500]
-
-
-# -- training images ---------------------------------------------------------------------------
-#
-# What `sagemaker.image_uris.retrieve("pytorch", region, "2.8.0", py_version="py312",
-# instance_type=..., image_scope="training")` and, for SMP v2, ``retrieve("pytorch-smp", ...,
-# version="2.5.1", py_version="py311", container_version="cu124")`` return, written out here from
-# the SDK's data rather than importing it: `pip install sagemaker` (v3) pulls in pandas, pyarrow,
-# pyiceberg and s3fs, whose aiobotocore pins fight the boto3 this package uses.
-#
-# Source: github.com/aws/sagemaker-python-sdk @ a24812666d258d9d19c9a82d0c9385ca0bd3ba01,
-#   sagemaker-core/src/sagemaker/core/image_uri_config/pytorch.json ("training", version 2.8.0:
-#   repository pytorch-training, py312, the registries below),
-#   sagemaker-core/src/sagemaker/core/image_uri_config/pytorch-smp.json (alias 2.5.1 -> SMP
-#   2.8.0: repository smdistributed-modelparallel, py311, account 658645717510),
-#   sagemaker-core/src/sagemaker/core/image_uris.py (_format_tag: "<version>-gpu-<py>[-<cuda>]";
-#   SMP with PyTorch 2.5 uses container version cu124; ECR_URI_TEMPLATE
-#   "{registry}.dkr.{ecr hostname}/{repository}").
-
-PYTORCH_VERSION = "2.8.0"
-PYTORCH_PY = "py312"
-PYTORCH_REPOSITORY = "pytorch-training"
-PYTORCH_REGISTRIES = {
-    "af-south-1": "626614931356", "ap-east-1": "871362719292", "ap-east-2": "975050140332",
-    "ap-northeast-1": "763104351884", "ap-northeast-2": "763104351884",
-    "ap-northeast-3": "364406365360", "ap-south-1": "763104351884",
-    "ap-south-2": "772153158452", "ap-southeast-1": "763104351884",
-    "ap-southeast-2": "763104351884", "ap-southeast-3": "907027046896",
-    "ap-southeast-4": "457447274322", "ap-southeast-5": "550225433462",
-    "ap-southeast-6": "633930458069", "ap-southeast-7": "590183813437",
-    "ca-central-1": "763104351884", "ca-west-1": "204538143572",
-    "cn-north-1": "727897471807", "cn-northwest-1": "727897471807",
-    "eu-central-1": "763104351884", "eu-central-2": "380420809688",
-    "eu-north-1": "763104351884", "eu-south-1": "692866216735", "eu-south-2": "503227376785",
-    "eu-west-1": "763104351884", "eu-west-2": "763104351884", "eu-west-3": "763104351884",
-    "il-central-1": "780543022126", "me-central-1": "914824155844",
-    "me-south-1": "217643126080", "mx-central-1": "637423239942", "sa-east-1": "763104351884",
-    "us-east-1": "763104351884", "us-east-2": "763104351884",
-    "us-gov-east-1": "446045086412", "us-gov-west-1": "442386744353",
-    "us-west-1": "763104351884", "us-west-2": "763104351884",
-}
-SMP_PYTORCH_VERSION = "2.5.1"     # SMP v2.8.0
-SMP_PY = "py311"
-SMP_CUDA = "cu124"
-SMP_REPOSITORY = "smdistributed-modelparallel"
-SMP_REGISTRY = "658645717510"
-SMP_REGIONS = frozenset({
-    "ap-northeast-1", "ap-northeast-2", "ap-northeast-3", "ap-south-1", "ap-southeast-1",
-    "ap-southeast-2", "ca-central-1", "eu-central-1", "eu-north-1", "eu-west-1", "eu-west-2",
-    "eu-west-3", "sa-east-1", "us-east-1", "us-east-2", "us-west-1", "us-west-2",
-})
-
-
-def _ecr_host(region: str) -> str:
-    suffix = "amazonaws.com.cn" if region.startswith("cn-") else "amazonaws.com"
-    return f"ecr.{region}.{suffix}"
-
-
-def training_image(region: str, strategy: str) -> str:
-    """The AWS Deep Learning Container the job runs in: PyTorch training, or the SageMaker model
-    parallelism (SMP v2) image for ``smp_v2`` plans."""
-    if strategy == "smp_v2":
-        if region not in SMP_REGIONS:
-            raise UsageError(f"the SMP v2 image is not published in {region}",
-                             f"choose one of {', '.join(sorted(SMP_REGIONS))}, or pass an image")
-        tag = f"{SMP_PYTORCH_VERSION}-gpu-{SMP_PY}-{SMP_CUDA}"
-        return f"{SMP_REGISTRY}.dkr.{_ecr_host(region)}/{SMP_REPOSITORY}:{tag}"
-    account = PYTORCH_REGISTRIES.get(region)
-    if account is None:
-        raise UsageError(f"no PyTorch training image is published in {region}",
-                         "choose another --region, or pass an image")
-    tag = f"{PYTORCH_VERSION}-gpu-{PYTORCH_PY}"
-    return f"{account}.dkr.{_ecr_host(region)}/{PYTORCH_REPOSITORY}:{tag}"

@@ -27,6 +27,9 @@ from launcher.status import LaunchError, UsageError
 #: delete.
 PROBE_FOLDER = ".launch-doctor"
 AWS_TERRAFORM = "infra/aws"
+#: The instance type the doctor asks the SDK about: the default image is the same for every GPU
+#: instance type of the catalog (tests/providers/test_sagemaker_sdk.py holds that).
+DOCTOR_INSTANCE = "ml.g5.xlarge"
 
 #: derives the same set from the provider code and fails when the two differ.
 SAGEMAKER_NEEDS: tuple[Need, ...] = (
@@ -120,17 +123,21 @@ class SageMakerChecks(Checks):
         return aws
 
     def image(self, region: str) -> None:
-        from launcher.providers.sagemaker._aws import training_image
+        from launcher.providers.images import default_image
+        from launcher.providers.sagemaker.sdk import training_image
 
         if self.s.image:
             self.add("image", "ok", f"{self.s.image} (the image setting)")
             return
-        try:
-            image = training_image(region, "ddp")
+        default = default_image("sagemaker", "ddp")
+        assert default is not None  # images.IMAGES has SageMaker's ddp image
+        try:  # the URI is the same for every GPU instance type in the catalog
+            image = training_image(region, "ddp", DOCTOR_INSTANCE,
+                                   self.s.torch_version or default.torch, self.s.py_version)
         except UsageError as exc:
             self.add("image", "warn", exc.message, exc.hint)
             return
-        self.add("image", "ok", image)
+        self.add("image", "ok", f"{image.uri} (from {image.sdk})")
 
     def identity(self, aws: Any) -> dict[str, str] | None:
         from launcher.providers.sagemaker._aws import provider_error

@@ -106,6 +106,8 @@ class SageMakerRequest:
     run_id: str
     attempt: int
     record_dir: str | None = field(default=None, compare=False)  # where request.json is kept
+    #: Where the training image came from: the SDK call that named it, or the image setting.
+    image_source: dict[str, str] | None = None
 
     @property
     def job_name(self) -> str:
@@ -114,6 +116,7 @@ class SageMakerRequest:
     def to_dict(self) -> dict[str, Any]:
         return {"api": "sagemaker:CreateTrainingJob", "region": self.region,
                 "create_training_job": json.loads(json.dumps(self.kwargs)),
+                **({"training_image": self.image_source} if self.image_source else {}),
                 "code_package": self.package.to_dict(),
                 **({"upload": self.package.upload.to_dict()} if self.package.upload else {})}
 
@@ -293,18 +296,20 @@ class SageMakerProvider(SageMakerLogs, Provider):
         """The exact CreateTrainingJob call and code package for ``job``. Reads the code folder;
         sends and writes nothing, needs no credentials."""
         from launcher.providers.images import check_image
-        from launcher.providers.sagemaker._aws import training_image
+        from launcher.providers.sagemaker.sdk import request_image
 
         role, bucket = self.check_settings()
         s = self.settings
         plan = job.plan
         machine = self.machine(plan)
         region = self.region
+        image_source = request_image(s.image, s.torch_version, s.py_version, region, plan,
+                                     machine.name)
+        image = image_source["uri"]
+        check_image(image, plan.strategy, plan.optimizer, self.name)  # its torch: images.py
         name = job_name(job.run_id, job.attempt, s.job_prefix)
         package = build_package(job, bucket, s.prefix, self.environ)
         run_root = "/".join(p for p in (s.prefix, job.run_id) if p)
-        image = s.image or training_image(region, plan.strategy)
-        check_image(image, plan.strategy, plan.optimizer, self.name)  # its torch: images.py
 
         environment = {
             **job.rendered.env,
@@ -386,7 +391,7 @@ class SageMakerProvider(SageMakerLogs, Provider):
         }
         return SageMakerRequest(region=region, kwargs=kwargs, package=package,
                                 run_id=job.run_id, attempt=job.attempt,
-                                record_dir=str(job.attempt_dir))
+                                record_dir=str(job.attempt_dir), image_source=image_source)
 
     # -- submission ------------------------------------------------------------------------
 

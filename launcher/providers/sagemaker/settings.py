@@ -62,7 +62,8 @@ class SageMakerSettings:
     """The run's SageMaker settings (flags, config file, ``LAUNCH_*`` variables); never secrets.
 
     Besides the common ones (region, bucket, role, spot, budget) a config file may set: ``image``
-    (another training image), ``s3_prefix`` (default ``launch``), ``job_prefix`` (default
+    (another training image), ``torch_version`` and ``py_version`` (of the default image, which
+    sagemaker-core names), ``s3_prefix`` (default ``launch``), ``job_prefix`` (default
     ``launch``), ``max_run_s``, ``max_wait_s`` (spot), ``volume_size_gb``, ``aws_retry_mode``
     (standard | adaptive), ``aws_max_attempts``, ``aws_connect_timeout_s``, ``aws_read_timeout_s``,
     ``aws_status_deadline_s`` (the most one status or log read may take, retries included),
@@ -83,6 +84,11 @@ class SageMakerSettings:
     spot: bool = False
     budget: float | None = None
     image: str | None = None
+    #: The PyTorch (and Python) of the default image, asked of sagemaker-core's image_uris
+    #: (``2.9.0``, ``py312``); unset: the torch the strategy's script ran under (images.py) and
+    #: the newest Python the SDK has for it. Ignored with ``image``.
+    torch_version: str | None = None
+    py_version: str | None = None
     s3_prefix: str = "launch"
     job_prefix: str = "launch"
     max_run_s: int = DEFAULT_MAX_RUN_S
