@@ -41,6 +41,7 @@ def test_every_provider_s_plan_fits_in_100_columns_with_the_best_rows(cli, tiny_
             # where the chosen plan's settings came from
             assert "settings: global batch 64 (--global-batch-size); steps 100 (launch's " \
                 "default); lr 0.0003 (launch's default); optimizer adamw (launch's default); " \
+                "precision fp32 (plain.py's own: launch does not change a script's precision); " \
                 "sequence length 2048 (--seq-len)" in " ".join(result.stdout.split())
     demo = cli("plan", str(tiny_recipe))
     assert max(len(line.rstrip()) for line in demo.stdout.splitlines()) <= 100

@@ -26,6 +26,8 @@ from importlib import resources
 from typing import Any
 
 GiB = 1024**3
+#: The first CUDA compute capability with bf16 arithmetic (Ampere).
+BF16_COMPUTE_CAPABILITY = 8.0
 
 PROVIDERS: tuple[str, ...] = ("vertex", "sagemaker")
 _ALIASES = {
@@ -79,6 +81,9 @@ class GpuType:
     fp16_tflops: float | None = None
     tf32_tflops: float | None = None
     fp32_tflops: float | None = None
+    #: CUDA compute capability ("8.0"): bf16 arithmetic from 8.0 (Ampere) on
+    #: (``supports_bf16``); from NVIDIA's table, https://developer.nvidia.com/cuda-gpus.
+    compute_capability: str | None = None
     source: str = ""
     notes: tuple[str, ...] = ()
 
@@ -89,6 +94,12 @@ class GpuType:
 
     @property
     def supports_bf16(self) -> bool:
+        """Whether the GPU computes in bf16: compute capability 8.0 or more, the test
+        ``torch.cuda.is_bf16_supported()`` makes (an A10G has bf16 although no primary source
+        gave its bf16 TFLOPS; a T4 or a V100 has none). The default precision of a plan on it
+        (``launcher/plan/precision.py``)."""
+        if self.compute_capability is not None:
+            return float(self.compute_capability) >= BF16_COMPUTE_CAPABILITY
         return self.bf16_tflops is not None
 
 
@@ -265,6 +276,7 @@ def _gpus() -> dict[str, GpuType]:
             fp16_tflops=g.get("fp16_tflops"),
             tf32_tflops=g.get("tf32_tflops"),
             fp32_tflops=g.get("fp32_tflops"),
+            compute_capability=g.get("compute_capability"),
             source=g.get("source", ""),
             notes=tuple(g.get("notes", ())),
         )

@@ -38,6 +38,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from launcher.estimate.footprint import Footprint
+from launcher.plan import precision as precisions
 from launcher.plan import reasons
 from launcher.plan.cost import Hardware, step_cost
 from launcher.plan.memory import (
@@ -291,7 +292,7 @@ def plan_on(spec: Spec, estimator: Estimator, target: Target, provider: str,
         if provider != "local":
             return None, [], []  # its other GPUs would be paid for and idle
         gpus = 1  # this machine's first GPU
-    precision = spec.precision or "fp32"
+    precision = precisions.precision_for(spec, target)
     optimizer = spec.optimizer or "adamw"
     evaluated: list[Plan] = []
     failed: list[Plan] = []
@@ -469,7 +470,18 @@ def plan(spec: Spec, estimator: Estimator, targets: list[Target], provider: str,
                    else f"unknown: {', '.join(unknown)}")
             notes.append(f"whether the chosen plan fits is not certain ({why})")
     notes += _parallelism_notes(spec, provider, chosen)
-    foot_note = estimator(spec.precision or "fp32", spec.optimizer or "adamw", False).note
+    origins = dict(spec.origins)
+    shown = chosen or (all_plans[0] if all_plans else None)
+    target = next((t for t in targets if shown is not None and t.name == shown.machine), None)
+    if target is not None:
+        said = precisions.origin(spec, target)
+        if said is not None:
+            origins["precision"] = said
+        bf16_unused = precisions.note(spec, target, shown.precision)  # type: ignore[union-attr]
+        if bf16_unused:
+            notes.append(bf16_unused)
+    precision = shown.precision if shown is not None else spec.precision or "fp32"
+    foot_note = estimator(precision, spec.optimizer or "adamw", False).note
     if foot_note:
         notes.append(foot_note)
     return PlanResult(parameters=parameters, source=source, plans=all_plans, chosen=chosen,

@@ -46,7 +46,7 @@ def local_target(spec: Spec, hw: Hardware) -> Target:
     host = hw.host_memory_bytes
     capacity = spec.memory_limit or (host // procs if host else None)
     return Target(name="local-cpu", gpus=max(procs, 1), memory_bytes=capacity, cpu=True,
-                  address_space_cap=spec.memory_limit is not None)
+                  bf16=False, address_space_cap=spec.memory_limit is not None)
 
 
 def cloud_targets(provider: str, spec: Spec) -> list[Target]:
@@ -67,7 +67,8 @@ def cloud_targets(provider: str, spec: Spec) -> list[Target]:
             generation=gpu.generation, gpu_name=gpu.name,
             price_per_hour=(m.spot_price_per_hour if spec.spot and m.spot_price_per_hour
                             else m.price_per_hour),
-            bf16_tflops=gpu.bf16_tflops, fp32_tflops=gpu.fp32_tflops,
+            bf16_tflops=gpu.bf16_tflops, fp32_tflops=gpu.fp32_tflops, bf16=gpu.supports_bf16,
+            price_note=m.price_note,
             intra_node_gbytes_per_s=m.intra_node_gbytes_per_s,
             inter_node_gbps=m.inter_node_gbps, max_nodes=MAX_CLOUD_NODES))
     return targets
