@@ -23,8 +23,11 @@ its own unless full is pinned (FSDP holds less at the same compute, so it comes 
 
 What the user pinned stays pinned. With ``--machine`` the answer is the first rung that fits on
 that machine; without it, every machine of the provider's catalog is planned this way and the
-cheapest fitting plan on one machine wins (several machines only when no single one fits; fewest
-changes on a tie). Each rung below the chosen one becomes a
+cheapest fitting plan wins: a priced machine before one without a price (an unpriced machine is
+chosen only when nothing priced fits, and a note says so), one machine before several, then the
+cost, then the fewest changes. Why the runner-up, a cheaper machine and a faster plan lost is a
+line each (``reasons.other_machines``); on SageMaker, SMP v2 is tried beside the chosen FSDP plan
+(``_smp_v2_beside``). Each rung below the chosen one becomes a
 rejected option with its numbers. Memory per GPU comes from a ``Footprint`` (single device, per
 micro-batch) scaled by the strategy, plus the GPU-side overheads (``plan/memory.py``).
 """
@@ -438,12 +441,15 @@ def plan(spec: Spec, estimator: Estimator, targets: list[Target], provider: str,
     rejected: list[Rejection] = []
     status = ExitStatus.SUCCESS
     if options:
-        def rank(option: tuple[Plan, list[Plan]]) -> tuple[int, int, float, int]:
-            # Known to fit first; one machine before several (a second machine is the last
-            # remedy); then the cheapest; then the fewest changes.
+        def rank(option: tuple[Plan, list[Plan]]) -> tuple[int, bool, bool, float, int]:
+            # Known to fit first; a priced machine before an unpriced one (a plan whose cost
+            # nobody can know is chosen only when nothing priced fits); one machine before
+            # several (a second machine is the last remedy); then the cheapest; then the
+            # fewest changes.
             p = option[0]
-            return (0 if p.fits else 1, p.nodes > 1, p.total_cost_usd
-                    if p.total_cost_usd is not None else math.inf, len(option[1]))
+            return (0 if p.fits else 1, p.total_cost_usd is None, p.nodes > 1,
+                    p.total_cost_usd if p.total_cost_usd is not None else math.inf,
+                    len(option[1]))
         # Under a budget, a plan whose cost is unknown cannot be shown to be within it.
         within = [o for o in options if spec.budget is None or (
             o[0].total_cost_usd is not None and o[0].total_cost_usd <= spec.budget)]
@@ -463,6 +469,15 @@ def plan(spec: Spec, estimator: Estimator, targets: list[Target], provider: str,
     rejected = [*reasons.for_failed(failed_on_chosen, parameters), *rejected, *unsplit]
     if chosen is not None:
         rejected += reasons.alternatives(chosen, failed_on_chosen, provider)
+        smp = _smp_v2_beside(spec, estimator, targets, provider, chosen)
+        if smp is not None:
+            all_plans.append(smp)
+            rejected.append(reasons.smp_v2(chosen, smp))
+        ranked = [o[0] for o in sorted(options, key=rank)]
+        rejected += reasons.other_machines(chosen, ranked, all_plans, parameters)
+        unpriced = _unpriced_note(chosen, targets, len(targets) > 1)
+        if unpriced:
+            notes.append(unpriced)
         if chosen.fits is None:
             unknown = [k for k, v in asdict(chosen.memory).items() if v is None]
             why = ("--memory-limit caps address space, which allocated bytes do not measure"
@@ -485,7 +500,53 @@ def plan(spec: Spec, estimator: Estimator, targets: list[Target], provider: str,
     if foot_note:
         notes.append(foot_note)
     return PlanResult(parameters=parameters, source=source, plans=all_plans, chosen=chosen,
-                      rejected=rejected, notes=notes, status=status, origins=dict(spec.origins))
+                      rejected=rejected, notes=notes, status=status, origins=origins)
+
+
+def _smp_v2_beside(spec: Spec, estimator: Estimator, targets: list[Target], provider: str,
+                   chosen: Plan) -> Plan | None:
+    """SageMaker's model-parallel library (SMP v2) on the chosen layout, beside the chosen
+    FSDP plan, so that the plan shows it with its numbers and says why it was not chosen
+    (``reasons.smp_v2``). Its memory is its default configuration's: FSDP sharding within a
+    node (``hybrid_shard_degree`` = the GPUs of a node, ``memory.shard_degree``), no tensor
+    parallelism, no offloading. Tried at the chosen micro-batch and checkpointing, then with
+    full checkpointing when that does not fit; the closer of the two is shown. None where it
+    is not a candidate: another provider, a pinned strategy, a plan that does not shard."""
+    if (provider != "sagemaker" or spec.strategy is not None
+            or chosen.strategy not in ("fsdp", "hybrid_shard") or chosen.world_size < 2):
+        return None
+    target = next((t for t in targets if t.name == chosen.machine), None)
+    if target is None:
+        return None
+    pinned = pinned_checkpointing(spec)
+    modes = [chosen.checkpointing or "none"]
+    if pinned is None and modes[0] != "full" and "full" in CHECKPOINTING_ORDER:
+        modes.append("full")
+    tries = []
+    for mode in modes:
+        rung = Rung(SHARDING.level or 3, f"smp_v2{_CHECKPOINTED[mode]}", "smp_v2",
+                    chosen.nodes, mode, False)
+        fp = estimator(chosen.precision, chosen.optimizer, checkpointing_key(mode))
+        tries.append(_evaluate(spec, fp, target, rung, chosen.gpus_per_node,
+                               chosen.micro_batch_size, chosen.grad_accum_steps))
+        if tries[-1].fits:
+            break
+    return min(tries, key=lambda p: (not p.fits, p.memory.total or math.inf))
+
+
+def _unpriced_note(chosen: Plan, targets: list[Target], searched: bool) -> str | None:
+    """The chosen machine has no price: said, with the catalog's reason, and why it was
+    chosen all the same (pinned, or no priced machine fits)."""
+    if chosen.total_cost_usd is not None:
+        return None
+    target = next((t for t in targets if t.name == chosen.machine), None)
+    if target is None or target.cpu or target.name.startswith("local"):
+        return None
+    why = f" ({target.price_note})" if target.price_note else ""
+    chosen_because = ("no priced machine fits, so one without a price is chosen" if searched
+                      else "it is the machine asked for")
+    return (f"{chosen.machine} has no price in the catalog{why}: the plan's cost is unknown; "
+            f"{chosen_because}")
 
 
 def _steps_words(spec: Spec) -> str:

@@ -408,7 +408,10 @@ def test_reducing_every_micro_step_holds_the_gradient_shards_in_the_estimate():
 def test_plans_list_each_candidate_once_with_what_reducing_every_micro_step_replaces(cli, plain):
     data = cli("plan", str(plain), "--provider", "sagemaker", "--machine", "ml.p5.48xlarge",
                "--no-activation-checkpointing", *LLAMA_13B, "--json").json()
+    # SMP v2, tried on the chosen layout after the choice (issue 25), comes after the ladder
+    assert data["plans"][-1]["strategy"] == "smp_v2"
     keys = [(p["strategy"], p["reshard_after_forward"], p["micro_batch_size"],
-             p["activation_checkpointing"], p["reduce_every_micro_step"]) for p in data["plans"]]
+             p["activation_checkpointing"], p["reduce_every_micro_step"]) for p in data["plans"]
+            if p["strategy"] != "smp_v2"]
     assert len(keys) == len(set(keys))
     assert keys[-2:] == [("fsdp", True, 1, False, False), ("fsdp", True, 1, False, True)]
