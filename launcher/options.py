@@ -89,6 +89,10 @@ PLAN_OPTIONS: tuple[Option, ...] = (
     Option("--checkpointing",
            "Pin how the wrap_modules() blocks are checkpointed: none, selective (keep matmul and "
            "attention outputs, recompute the rest), full."),
+    Option("--reshard-after-forward/--no-reshard-after-forward",
+           "Pin how fsdp and hybrid_shard shard: full sharding (each block's weights freed "
+           "after its forward, gathered again in the backward) or ZeRO-2 (kept until the "
+           "backward: less communication, the whole model's weights held).", "bool"),
     Option("--seq-len", "Sequence length (for the estimate).", "int"),
     Option("--steps", "Optimizer steps to train.", "int"),
     Option("--lr", "Learning rate.", "float"),

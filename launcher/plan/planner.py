@@ -197,8 +197,12 @@ def ladder(spec: Spec, target: Target, provider: str, can_checkpoint: bool) -> I
             for ac in ac_options[1:]:
                 yield Rung(level, checkpointing_label(ac), base, base_nodes, ac, True)
 
+    # --reshard-after-forward pins full sharding, --no-reshard-after-forward ZeRO-2
+    degrees = [d for d in SHARDING.degrees if spec.reshard_after_forward is None
+               or (d == "zero2") != spec.reshard_after_forward]
+
     def sharded_on(level: int, nodes: int, strategy: str, prefix: str = "") -> Iterator[Rung]:
-        for degree in SHARDING.degrees:  # ZeRO-2, then full sharding
+        for degree in degrees:  # ZeRO-2, then full sharding
             if degree == "zero2":
                 if strategy in ZERO2:
                     for ac in zero2_ac:
