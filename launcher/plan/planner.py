@@ -473,7 +473,7 @@ def plan(spec: Spec, estimator: Estimator, targets: list[Target], provider: str,
     rejected = [*reasons.for_failed(failed_on_chosen, parameters), *rejected, *unsplit]
     if chosen is not None:
         rejected += reasons.alternatives(chosen, failed_on_chosen, provider)
-        smp = _smp_v2_beside(spec, estimator, targets, provider, chosen)
+        smp = _smp_v2_beside(spec, estimator, targets, provider, chosen, can_checkpoint)
         if smp is not None:
             all_plans.append(smp)
             rejected.append(reasons.smp_v2(chosen, smp))
@@ -508,7 +508,7 @@ def plan(spec: Spec, estimator: Estimator, targets: list[Target], provider: str,
 
 
 def _smp_v2_beside(spec: Spec, estimator: Estimator, targets: list[Target], provider: str,
-                   chosen: Plan) -> Plan | None:
+                   chosen: Plan, can_checkpoint: bool) -> Plan | None:
     """SageMaker's model-parallel library (SMP v2) on the chosen layout, beside the chosen
     FSDP plan, so that the plan shows it with its numbers and says why it was not chosen
     (``reasons.smp_v2``). Its memory is its default configuration's: FSDP sharding within a
@@ -524,7 +524,7 @@ def _smp_v2_beside(spec: Spec, estimator: Estimator, targets: list[Target], prov
         return None
     pinned = pinned_checkpointing(spec)
     modes = [chosen.checkpointing or "none"]
-    if pinned is None and modes[0] != "full" and "full" in CHECKPOINTING_ORDER:
+    if pinned is None and can_checkpoint and modes[0] != "full":
         modes.append("full")
     tries = []
     for mode in modes:
