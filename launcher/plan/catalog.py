@@ -288,6 +288,23 @@ def gpus() -> dict[str, GpuType]:
     return dict(_gpus())
 
 
+def family_of(device_name: str | None) -> GpuType | None:
+    """The catalog's GPU type of a device name as CUDA or nvidia-smi gives it ("NVIDIA
+    A100-SXM4-80GB", "Tesla T4", "NVIDIA H200"): the type whose family (its name before the
+    size: A100, T4, L40S) is one of the device name's words; None when none is, or when two
+    types of the family differ in what a plan asks of them (bf16). Used for this machine's GPU,
+    whose bf16 support decides the local default precision."""
+    if not device_name:
+        return None
+    import re
+
+    words = {w.upper() for w in re.split(r"[^A-Za-z0-9]+", device_name) if w}
+    found = [g for name, g in _gpus().items() if name.split("-")[0].upper() in words]
+    if not found or len({g.supports_bf16 for g in found}) > 1:
+        return None
+    return found[0]
+
+
 def gpu(name: str) -> GpuType:
     table = _gpus()
     if name in table:

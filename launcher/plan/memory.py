@@ -38,7 +38,8 @@ class Target:
     bf16_tflops: float | None = None
     fp32_tflops: float | None = None
     #: Whether the GPU computes in bf16 (``catalog.GpuType.supports_bf16``); None: not known
-    #: (this machine's GPU). Decides the default precision (``plan/precision.py``).
+    #: (this machine's GPU of no catalog family). Decides the default precision
+    #: (``plan/precision.py``).
     bf16: bool | None = None
     #: Why the catalog has no price for it (``price_per_hour`` None), in its words.
     price_note: str | None = None

@@ -5,7 +5,8 @@ L40S, A10G, B200; ``catalog.GpuType.supports_bf16``) trains in ``bf16_mixed``: b
 over fp32 master weights, gradients and optimizer state, the common recipe for training large
 models (torchtitan's and llama-recipes' default, ZeRO's "mixed precision" with 16 bytes of
 states per parameter). A GPU without bf16 (V100, T4, P100) and the CPU train in fp32, and so does
-a GPU whose bf16 support is not known (this machine's GPU under the local provider).
+a GPU whose bf16 support is not known (this machine's GPU under the local provider when its
+name is none of the catalog's families: ``catalog.family_of``).
 
 A default is not a user's choice, and nothing the user did not pin is changed behind their back:
 launch picks the precision only where the precision is launch's to set, that is, where the job

@@ -83,3 +83,18 @@ def test_a_plain_script_keeps_fp32_unless_it_reads_the_plans_precision(cli, writ
     data = cli("plan", str(reads), "--provider", "sagemaker", "--machine", "ml.p4de.24xlarge",
                "--params", "1B", "--json").json()
     assert {p["precision"] for p in data["plans"]} == {"bf16_mixed"}
+
+
+@pytest.mark.parametrize(("device", "bf16"), [
+    ("NVIDIA H200", True), ("NVIDIA A100-SXM4-80GB", True), ("NVIDIA L40S", True),
+    ("Tesla T4", False), ("Tesla V100-SXM2-16GB", False), ("NVIDIA GeForce RTX 4090", None),
+])
+def test_this_machines_gpu_is_known_by_its_family(device, bf16):
+    from launcher.plan.targets import local_target
+    from launcher.script_info import Hardware
+
+    recipe = Spec(script=Path("recipe.py"), mode="recipe")
+    target = local_target(recipe, Hardware(cuda_devices=1, cuda_name=device,
+                                           cuda_memory_bytes=80 * 2**30))
+    assert target.bf16 is bf16
+    assert precision_for(recipe, target) == ("bf16_mixed" if bf16 else "fp32")
