@@ -107,9 +107,7 @@ class Spec:
     #: none | selective | full (``--checkpointing``); ``activation_checkpointing`` is the older
     #: on/off pin (on: full). When both are given they must agree.
     checkpointing: str | None = None
-    #: fsdp / hybrid_shard: True full sharding, False ZeRO-2 (``Plan.reshard_after_forward``);
-    #: None: the planner tries ZeRO-2 first, then full sharding.
-    reshard_after_forward: bool | None = None
+    reshard_after_forward: bool | None = None  # True full sharding, False ZeRO-2 (planner.py)
     seq_len: int | None = None
     #: None: a framework script's own length, not known before it runs.
     steps: int | None = DEFAULTS["steps"]
@@ -477,11 +475,6 @@ def _validate(spec: Spec, labels: Mapping[str, str] | None = None,
     if spec.strategy == "smp_v2" and spec.provider != "sagemaker":
         raise UsageError("smp_v2 is SageMaker's model-parallel library and runs only there",
                          "use --provider sagemaker, or --strategy fsdp / hybrid_shard")
-    if spec.reshard_after_forward is not None and spec.strategy in ("single", "ddp", "smp_v2"):
-        flag = ("--reshard-after-forward" if spec.reshard_after_forward
-                else "--no-reshard-after-forward")
-        raise UsageError(f"{flag} is for fsdp and hybrid_shard, not --strategy {spec.strategy}",
-                         "drop one of the two")
     if (spec.mode == "script" and spec.params is None and spec.model_config is None
             and spec.framework is None and not spec.captured):  # traced from what it builds
         raise UsageError(

@@ -295,6 +295,10 @@ def plan_on(spec: Spec, estimator: Estimator, target: Target, provider: str,
     gpus = spec.gpus_per_node or target.gpus
     if gpus > target.gpus:
         raise UsageError(f"--gpus-per-node {gpus}, but {target.name} has {target.gpus} GPUs")
+    if spec.reshard_after_forward is not None and spec.strategy not in (None, *ZERO2):
+        flag = "--" + ("" if spec.reshard_after_forward else "no-") + "reshard-after-forward"
+        raise UsageError(f"{flag} is for fsdp and hybrid_shard, not --strategy {spec.strategy}",
+                         "drop one of the two")
     if one_process(spec) and spec.gpus_per_node is None and gpus > 1:
         if provider != "local":
             return None, [], []  # its other GPUs would be paid for and idle
