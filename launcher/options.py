@@ -125,7 +125,8 @@ PLAN_OPTIONS: tuple[Option, ...] = (
 )
 #: `launch plan`'s own options, after PLAN_OPTIONS.
 PLAN_ONLY: tuple[Option, ...] = (
-    Option("--all", "Show every candidate, not the best one per strategy and machine family.",
+    Option("--all", "Show the candidates of every GPU type: the best per strategy of each, "
+           "with how many fit (--json lists every candidate).",
            "bool", param_name="show_all"),
     Option("--report", "Also write the plan as an HTML page (a CI artifact).", "path",
            param_name="report_path"),
