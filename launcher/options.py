@@ -89,6 +89,10 @@ PLAN_OPTIONS: tuple[Option, ...] = (
     Option("--checkpointing",
            "Pin how the wrap_modules() blocks are checkpointed: none, selective (keep matmul and "
            "attention outputs, recompute the rest), full."),
+    Option("--reshard-after-forward/--no-reshard-after-forward",
+           "Pin how fsdp and hybrid_shard shard: full sharding (each block's weights freed "
+           "after its forward, gathered again in the backward) or ZeRO-2 (kept until the "
+           "backward: less communication, the whole model's weights held).", "bool"),
     Option("--seq-len", "Sequence length (for the estimate).", "int"),
     Option("--steps", "Optimizer steps to train.", "int"),
     Option("--lr", "Learning rate.", "float"),
@@ -121,7 +125,8 @@ PLAN_OPTIONS: tuple[Option, ...] = (
 )
 #: `launch plan`'s own options, after PLAN_OPTIONS.
 PLAN_ONLY: tuple[Option, ...] = (
-    Option("--all", "Show every candidate, not the best one per strategy and machine family.",
+    Option("--all", "Show the candidates of every GPU type: the best per strategy of each, "
+           "with how many fit (--json lists every candidate).",
            "bool", param_name="show_all"),
     Option("--report", "Also write the plan as an HTML page (a CI artifact).", "path",
            param_name="report_path"),

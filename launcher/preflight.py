@@ -22,6 +22,7 @@ from launcher.estimate.calibration import model_key
 from launcher.estimate.footprint import Footprint, from_shape
 from launcher.estimate.model_config import (
     UnsupportedModelType,
+    assumed_shape,
     load_config,
     max_positions,
     shape_from_params,
@@ -44,16 +45,22 @@ DEFAULT_TRACE_TIMEOUT_S = 120.0
 DEFAULT_RANK_TRACE_BUDGET_S = 90.0
 
 
-def describe(spec: Spec, info: ScriptInfo) -> tuple[ModelShape | None, str]:
-    """The model's shape from a config file or --params, and the contract's ``source``."""
+def describe(spec: Spec, info: ScriptInfo) -> tuple[ModelShape | None, str, str]:
+    """The model's shape from a config file or --params, the contract's ``source``, and a note
+    when the shape is assumed (``--params`` alone: ``model_config.assumed_shape``, a published
+    Llama shape of that size, so that the plan can say whether it fits)."""
     if spec.model_config is not None:
         return load_config(spec.model_config, seq_len=spec.seq_len,
-                           attention=spec.attention), "config"
+                           attention=spec.attention), "config", ""
     if spec.params is not None:
+        if all(v is None for v in (spec.layers, spec.hidden_size, spec.heads,
+                                   spec.vocab_size)):
+            assumed = assumed_shape(spec.params, seq_len=spec.seq_len, attention=spec.attention)
+            return assumed.shape, "declared", assumed.note
         return shape_from_params(spec.params, layers=spec.layers, hidden=spec.hidden_size,
                                  heads=spec.heads, vocab=spec.vocab_size,
-                                 seq_len=spec.seq_len, attention=spec.attention), "declared"
-    return None, "traced"
+                                 seq_len=spec.seq_len, attention=spec.attention), "declared", ""
+    return None, "traced", ""
 
 
 def _counted(info: ScriptInfo, precision: str, optimizer: str, checkpointing: bool
@@ -263,12 +270,17 @@ def preflight(spec: Spec, info: ScriptInfo, state_dir: Path | None = None,
     environ = dict(os.environ if environ is None else environ)
     check_environment(environ)  # whichever path below would read a bad value
     described = False
+    assumed = ""
     try:
-        shape, source = describe(spec, info)
+        shape, source, assumed = describe(spec, info)
         described = shape is not None
     except UnsupportedModelType as exc:
         info = _config_recipe(spec, info, environ, state_dir, exc)
         shape, source, described = None, "config", True
+    if assumed and shape is not None and spec.seq_len is None:
+        # the plan runs at the length its shape was sized at, and says where it came from
+        spec = replace(spec, seq_len=shape.seq_len, origins={
+            **spec.origins, "seq_len": "assumed with the shape; --seq-len changes it"})
     if spec.provider == "local":
         targets = [local_target(spec, info.hardware)]
     else:
@@ -337,6 +349,8 @@ def preflight(spec: Spec, info: ScriptInfo, state_dir: Path | None = None,
     result = plan(spec, estimator, targets, spec.provider, parameters=parameters, source=source,
                   can_checkpoint=can_checkpoint)
     result.notes.extend(n for n in info.notes if n not in result.notes)
+    if assumed:
+        result.notes.insert(0, assumed)
     if budget.note() is not None:
         result.notes.append(budget.note())  # type: ignore[arg-type]
     return result

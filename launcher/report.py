@@ -122,7 +122,7 @@ def shown_plans(result: PlanResult, show_all: bool = False) -> list[Plan]:
     none that fits, its closest try. Every candidate with ``show_all``. In the planner's
     order."""
     if show_all:
-        return list(result.plans)
+        return [p for _, rows, _, _ in grouped_plans(result) for p in rows]
 
     def rank(plan: Plan) -> tuple[int, float, float]:
         return ({True: 0, None: 1, False: 2}[plan.fits],
@@ -145,6 +145,35 @@ def shown_plans(result: PlanResult, show_all: bool = False) -> list[Plan]:
     if result.chosen is not None:
         keep.add(id(result.chosen))
     return [p for p in result.plans if id(p) in keep]
+
+
+def grouped_plans(result: PlanResult) -> list[tuple[str, list[Plan], int, int]]:
+    """``--all``: every candidate, read by GPU type: per type (in the planner's order), its
+    best candidate per strategy (fits first, then the cheapest, then the smallest per-GPU
+    memory: the closest try where none fits), with how many candidates the type had and how
+    many fit. A 70B search over a catalog is thousands of candidates, mostly the same
+    strategy at another micro-batch or node count; ``--json`` keeps every one."""
+    def rank(plan: Plan) -> tuple[int, float, float]:
+        return ({True: 0, None: 1, False: 2}[plan.fits],
+                plan.total_cost_usd if plan.total_cost_usd is not None else float("inf"),
+                float(plan.memory.total or plan.memory.model_states or 0))
+
+    groups: dict[str, list[Plan]] = {}
+    for plan in result.plans:
+        groups.setdefault(family(plan.machine), []).append(plan)
+    out = []
+    for kind, plans in groups.items():
+        best: dict[str, Plan] = {}
+        for plan in plans:
+            label = plan.strategy_label
+            if label not in best or rank(plan) < rank(best[label]):
+                best[label] = plan
+        if any(p is result.chosen for p in plans):  # the chosen plan stands for its strategy
+            best[result.chosen.strategy_label] = result.chosen  # type: ignore[union-attr]
+        keep = {id(p) for p in best.values()}
+        rows = [p for p in plans if id(p) in keep]
+        out.append((kind, rows, len(plans), sum(1 for p in plans if p.fits)))
+    return out
 
 
 def format_seconds(value: float | None) -> str:
@@ -181,31 +210,51 @@ def print_plan(out: Any, result: PlanResult, show_all: bool = False,
         out.print(f"script arguments: {escape(shlex.join(script_args))}", soft_wrap=False,
                   highlight=False)
     out.print(f"model: {format_count(result.parameters)} parameters ({result.source})")
-    rows = shown_plans(result, show_all)
+    groups = grouped_plans(result) if show_all else [("", shown_plans(result), 0, 0)]
+    rows = [p for _, members, _, _ in groups for p in members]
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1),
                   collapse_padding=True)
     for name in ("", "strategy", "machine", "procs", "batch", "prec", "ckpt", "per GPU",
                  "fits", "step", "total $"):
         table.add_column(name, no_wrap=True,
                          justify="right" if name in ("per GPU", "step", "total $") else "left")
-    for plan in rows:
-        mark = "→" if plan is result.chosen else ""
-        per_gpu = (format_bytes(plan.memory.total) if plan.memory.total is not None
-                   else f">{format_bytes(plan.memory.model_states)}"
-                   if plan.memory.model_states is not None else "?")
-        table.add_row(
-            mark, plan.strategy_label, plan.machine, f"{plan.nodes}x{plan.gpus_per_node}",
-            f"{plan.micro_batch_size}x{plan.grad_accum_steps}",
-            _PRECISION.get(plan.precision, plan.precision),
-            _CKPT[plan.checkpointing or "none"], per_gpu,
-            {True: "yes", False: "NO", None: "?"}[plan.fits],
-            format_seconds(plan.step_time_s), format_usd(plan.total_cost_usd),
-        )
+    for kind, members, tried, fitting in groups:
+        if kind:
+            table.add_row("", f"[bold]{kind}[/]", f"[dim]{fitting} of {tried} fit[/]",
+                          *[""] * 8)
+        for plan in members:
+            _add_row(table, plan, result.chosen)
     out.print(table)
     hidden = len(result.plans) - len(rows)
-    if hidden:
+    if hidden and show_all:
+        out.print(f"[dim]{len(result.plans)} candidates: the best per strategy and GPU type "
+                  "above; --json lists every one; batch is micro-batch x accumulation[/]",
+                  soft_wrap=False)
+    elif hidden:
         out.print(f"[dim]{hidden} more candidate(s): --all shows every one; batch is micro-batch "
                   "x accumulation[/]", soft_wrap=False)
+    _print_chosen(out, result)
+
+
+def _add_row(table: Any, plan: Plan, chosen: Plan | None) -> None:
+    """One candidate's row of the plan table."""
+    mark = "→" if plan is chosen else ""
+    per_gpu = (format_bytes(plan.memory.total) if plan.memory.total is not None
+               else f">{format_bytes(plan.memory.model_states)}"
+               if plan.memory.model_states is not None else "?")
+    table.add_row(
+        mark, plan.strategy_label, plan.machine, f"{plan.nodes}x{plan.gpus_per_node}",
+        f"{plan.micro_batch_size}x{plan.grad_accum_steps}",
+        _PRECISION.get(plan.precision, plan.precision),
+        _CKPT[plan.checkpointing or "none"], per_gpu,
+        {True: "yes", False: "NO", None: "?"}[plan.fits],
+        format_seconds(plan.step_time_s), format_usd(plan.total_cost_usd),
+    )
+
+
+def _print_chosen(out: Any, result: PlanResult) -> None:
+    """The chosen plan, its memory and headroom, where its settings came from; then the
+    rejected options and the notes."""
     if result.chosen is not None:
         c = result.chosen
         price = "" if c.cost_per_hour_usd is None else f", ${format_usd(c.cost_per_hour_usd)}/h"
@@ -213,6 +262,9 @@ def print_plan(out: Any, result: PlanResult, show_all: bool = False,
         out.print(f"chosen: {c.strategy_label} on {c.nodes} x {c.machine}{price}, "
                   f"{c.optimizer}{every} (global batch {c.global_batch_size})", soft_wrap=False)
         out.print(memory_bar(result.chosen), soft_wrap=False)
+        room = headroom_words(result.chosen)
+        if room:
+            out.print(room, soft_wrap=False)
         settings = origin_words(result)
         if settings:
             out.print(f"settings: {settings}", soft_wrap=False)
@@ -220,6 +272,20 @@ def print_plan(out: Any, result: PlanResult, show_all: bool = False,
         out.print(f"[red]rejected[/] {rejection.option}: {rejection.reason}", soft_wrap=False)
     for note in result.notes:
         out.print(f"[dim]note: {note}[/]", soft_wrap=False)
+
+
+def headroom_words(plan: Plan) -> str | None:
+    """``headroom 16.6 GiB per GPU (76.0 GiB usable of 80.0 GiB, 5% kept free)``: how far the
+    chosen plan is from the memory it may use; None where its total is not known."""
+    from launcher.estimate.overheads import SAFETY_MARGIN
+
+    m = plan.memory
+    if m.total is None or m.capacity is None:
+        return None
+    usable = int(m.capacity * (1 - SAFETY_MARGIN))
+    unit = "per process" if plan.machine == "local-cpu" else "per GPU"
+    return (f"headroom {format_bytes(usable - m.total)} {unit} ({format_bytes(usable)} usable "
+            f"of {format_bytes(m.capacity)}, {SAFETY_MARGIN:.0%} kept free)")
 
 
 #: The plan's settings as the plan line names them, in this order.

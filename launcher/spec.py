@@ -107,6 +107,7 @@ class Spec:
     #: none | selective | full (``--checkpointing``); ``activation_checkpointing`` is the older
     #: on/off pin (on: full). When both are given they must agree.
     checkpointing: str | None = None
+    reshard_after_forward: bool | None = None  # True full sharding, False ZeRO-2 (planner.py)
     seq_len: int | None = None
     #: None: a framework script's own length, not known before it runs.
     steps: int | None = DEFAULTS["steps"]

@@ -41,6 +41,7 @@ def test_every_provider_s_plan_fits_in_100_columns_with_the_best_rows(cli, tiny_
             # where the chosen plan's settings came from
             assert "settings: global batch 64 (--global-batch-size); steps 100 (launch's " \
                 "default); lr 0.0003 (launch's default); optimizer adamw (launch's default); " \
+                "precision fp32 (plain.py's own: launch does not change a script's precision); " \
                 "sequence length 2048 (--seq-len)" in " ".join(result.stdout.split())
     demo = cli("plan", str(tiny_recipe))
     assert max(len(line.rstrip()) for line in demo.stdout.splitlines()) <= 100
@@ -122,3 +123,17 @@ def test_the_memory_legend_breaks_between_its_items_at_100_columns(cli, tmp_path
             for item in line.split("■")[1:]:
                 item = item.split("(not estimated")[0]
                 assert re.fullmatch(r" [a-zA-Z +-]+ [\d.]+ [KMGT]?i?B\s*", item), (item, line)
+
+
+def test_the_chosen_plan_shows_its_headroom(cli):
+    """issue 25: how far the chosen plan is from the memory it may use, in a line."""
+    data = cli("plan", "--provider", "sagemaker", "--machine", "ml.p4de.24xlarge", "--nodes",
+               "2", "--params", "30B", "--json").json()
+    memory = data["chosen"]["memory"]
+    text = cli("plan", "--provider", "sagemaker", "--machine", "ml.p4de.24xlarge", "--nodes",
+               "2", "--params", "30B").stdout
+    from launcher.units import format_bytes
+
+    usable = int(memory["capacity"] * 0.95)
+    assert (f"headroom {format_bytes(usable - memory['total'])} per GPU "
+            f"({format_bytes(usable)} usable of 80.0 GiB, 5% kept free)") in text

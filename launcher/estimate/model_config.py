@@ -338,3 +338,109 @@ def shape_from_params(parameters: int, *, layers: int | None = None, hidden: int
     return ModelShape(parameters=parameters, layers=layers, hidden=hidden, heads=heads,
                       kv_heads=heads, intermediate=intermediate, vocab=vocab, seq_len=seq_len,
                       gated_mlp=gated, layer_parameters=layer, attention=attention)
+
+
+@dataclasses.dataclass(frozen=True)
+class ReferenceDecoder:
+    """A published decoder's shape (its Hugging Face ``config.json``), to stand in for a model
+    known only by ``--params``: what a "7B" or "70B" model usually is."""
+
+    name: str
+    source: str  # the config.json it is copied from
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int  # grouped-query attention where the family uses it (fewer than heads)
+    intermediate: int
+    vocab: int
+    tied: bool = False
+
+    def config(self, layers: int | None = None) -> dict[str, Any]:
+        """The config as ``shape_from_config`` reads it, ``layers`` deep (its own depth when
+        None)."""
+        return {"model_type": "llama", "hidden_size": self.hidden,
+                "num_hidden_layers": layers or self.layers,
+                "num_attention_heads": self.heads, "num_key_value_heads": self.kv_heads,
+                "intermediate_size": self.intermediate, "vocab_size": self.vocab,
+                "tie_word_embeddings": self.tied}
+
+
+_HF = "https://huggingface.co/{}/blob/main/config.json"
+#: The Llama families' published shapes, smallest first: the shape a ``--params`` count takes
+#: when nothing else describes the model (``assumed_shape``). Llama 2 and LLaMA-1 30B use
+#: multi-head attention (kv_heads == heads) below 70B; Code Llama 34B, Llama 2 70B and every
+#: Llama 3 model group their keys and values (8 KV heads).
+REFERENCE_DECODERS: tuple[ReferenceDecoder, ...] = (
+    ReferenceDecoder("Llama 3.2 1B", _HF.format("meta-llama/Llama-3.2-1B"),
+                     16, 2048, 32, 8, 8192, 128256, tied=True),
+    ReferenceDecoder("Llama 3.2 3B", _HF.format("meta-llama/Llama-3.2-3B"),
+                     28, 3072, 24, 8, 8192, 128256, tied=True),
+    ReferenceDecoder("Llama 2 7B", _HF.format("meta-llama/Llama-2-7b-hf"),
+                     32, 4096, 32, 32, 11008, 32000),
+    ReferenceDecoder("Llama 3.1 8B", _HF.format("meta-llama/Llama-3.1-8B"),
+                     32, 4096, 32, 8, 14336, 128256),
+    ReferenceDecoder("Llama 2 13B", _HF.format("meta-llama/Llama-2-13b-hf"),
+                     40, 5120, 40, 40, 13824, 32000),
+    ReferenceDecoder("LLaMA 30B", _HF.format("huggyllama/llama-30b"),
+                     60, 6656, 52, 52, 17920, 32000),
+    ReferenceDecoder("Code Llama 34B", _HF.format("meta-llama/CodeLlama-34b-hf"),
+                     48, 8192, 64, 8, 22016, 32000),
+    ReferenceDecoder("Llama 2 70B", _HF.format("meta-llama/Llama-2-70b-hf"),
+                     80, 8192, 64, 8, 28672, 32000),
+    ReferenceDecoder("Llama 3.1 70B", _HF.format("meta-llama/Llama-3.1-70B"),
+                     80, 8192, 64, 8, 28672, 128256),
+    ReferenceDecoder("Llama 3.1 405B", _HF.format("meta-llama/Llama-3.1-405B"),
+                     126, 16384, 128, 8, 53248, 128256),
+)
+#: The sequence length an assumed shape is sized at without ``--seq-len``: Llama 2's context
+#: and the common fine-tuning length (torchtitan's and llama-recipes' runs use 4096 or 8192).
+ASSUMED_SEQ_LEN = 4096
+#: A reference this close to the declared count (either side) is taken at its own depth.
+SAME_SIZE = 0.05
+
+
+@dataclasses.dataclass(frozen=True)
+class AssumedShape:
+    """``assumed_shape``'s answer: the shape, and the words the plan says it with."""
+
+    shape: ModelShape
+    reference: ReferenceDecoder
+    note: str
+
+
+def assumed_shape(parameters: int, *, seq_len: int | None = None,
+                  attention: str | None = None) -> AssumedShape:
+    """A decoder shape for a model known only by its parameter count, so that its activations
+    (and with them a yes or no to "does it fit") can be estimated at all.
+
+    The reference is the published Llama shape nearest in parameters (by ratio); its depth is
+    then changed so that the count comes out nearest ``parameters`` (a 30B is LLaMA 30B's
+    layers, 6656 wide, 55 deep), unless the reference is within ``SAME_SIZE`` of it (a "70B"
+    is Llama 3.1 70B as published, 80 layers), keeping the width, heads, grouping and
+    vocabulary of a real model. The model states stay the declared count exactly; the shape
+    only sizes the activations, FSDP's unit (one layer) and the FLOPs. At ``seq_len``
+    (``ASSUMED_SEQ_LEN`` when None). The note says all this and how to give the real shape."""
+    import math
+
+    def distance(ref: ReferenceDecoder) -> float:
+        return abs(math.log(parameters / _shape_from_config(ref.config()).parameters))
+
+    ref = min(REFERENCE_DECODERS, key=distance)
+    layers = ref.layers
+    if distance(ref) > math.log(1 + SAME_SIZE):
+        one = _shape_from_config(ref.config(layers=1))
+        layer = one.layer_parameters or 1
+        fixed = one.parameters - layer  # embeddings, the final norm, the output layer
+        layers = max(1, round((parameters - fixed) / layer))
+    s = seq_len or ASSUMED_SEQ_LEN
+    shape = dataclasses.replace(shape_from_config(ref.config(layers), seq_len=s,
+                                                  attention=attention), parameters=parameters)
+    depth = "" if layers == ref.layers else f", {layers} layers deep (it has {ref.layers})"
+    grouping = (f"{ref.kv_heads} KV heads" if ref.kv_heads < ref.heads
+                else "multi-head attention")
+    length = f"sequence {s}" + ("" if seq_len else " (assumed; --seq-len to change)")
+    note = (f"shape assumed from the parameter count: {ref.name}'s ({ref.source}): hidden "
+            f"{ref.hidden}, {ref.heads} heads, {grouping}, MLP {ref.intermediate}, vocabulary "
+            f"{ref.vocab}{depth}; {length}; give the real shape with --model-config, the "
+            "shape flags (--layers --hidden-size --heads --vocab-size) or a recipe to trace")
+    return AssumedShape(shape=shape, reference=ref, note=note)

@@ -26,6 +26,8 @@ from importlib import resources
 from typing import Any
 
 GiB = 1024**3
+#: The first CUDA compute capability with bf16 arithmetic (Ampere).
+BF16_COMPUTE_CAPABILITY = 8.0
 
 PROVIDERS: tuple[str, ...] = ("vertex", "sagemaker")
 _ALIASES = {
@@ -79,6 +81,9 @@ class GpuType:
     fp16_tflops: float | None = None
     tf32_tflops: float | None = None
     fp32_tflops: float | None = None
+    #: CUDA compute capability ("8.0"): bf16 arithmetic from 8.0 (Ampere) on
+    #: (``supports_bf16``); from NVIDIA's table, https://developer.nvidia.com/cuda-gpus.
+    compute_capability: str | None = None
     source: str = ""
     notes: tuple[str, ...] = ()
 
@@ -89,6 +94,12 @@ class GpuType:
 
     @property
     def supports_bf16(self) -> bool:
+        """Whether the GPU computes in bf16: compute capability 8.0 or more, the test
+        ``torch.cuda.is_bf16_supported()`` makes (an A10G has bf16 although no primary source
+        gave its bf16 TFLOPS; a T4 or a V100 has none). The default precision of a plan on it
+        (``launcher/plan/precision.py``)."""
+        if self.compute_capability is not None:
+            return float(self.compute_capability) >= BF16_COMPUTE_CAPABILITY
         return self.bf16_tflops is not None
 
 
@@ -265,6 +276,7 @@ def _gpus() -> dict[str, GpuType]:
             fp16_tflops=g.get("fp16_tflops"),
             tf32_tflops=g.get("tf32_tflops"),
             fp32_tflops=g.get("fp32_tflops"),
+            compute_capability=g.get("compute_capability"),
             source=g.get("source", ""),
             notes=tuple(g.get("notes", ())),
         )
@@ -274,6 +286,23 @@ def _gpus() -> dict[str, GpuType]:
 def gpus() -> dict[str, GpuType]:
     """All GPU types, by catalog name ("A100-80GB", "H100-80GB", "L4", ...)."""
     return dict(_gpus())
+
+
+def family_of(device_name: str | None) -> GpuType | None:
+    """The catalog's GPU type of a device name as CUDA or nvidia-smi gives it ("NVIDIA
+    A100-SXM4-80GB", "Tesla T4", "NVIDIA H200"): the type whose family (its name before the
+    size: A100, T4, L40S) is one of the device name's words; None when none is, or when two
+    types of the family differ in what a plan asks of them (bf16). Used for this machine's GPU,
+    whose bf16 support decides the local default precision."""
+    if not device_name:
+        return None
+    import re
+
+    words = {w.upper() for w in re.split(r"[^A-Za-z0-9]+", device_name) if w}
+    found = [g for name, g in _gpus().items() if name.split("-")[0].upper() in words]
+    if not found or len({g.supports_bf16 for g in found}) > 1:
+        return None
+    return found[0]
 
 
 def gpu(name: str) -> GpuType:

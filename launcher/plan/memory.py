@@ -37,6 +37,12 @@ class Target:
     price_per_hour: float | None = None
     bf16_tflops: float | None = None
     fp32_tflops: float | None = None
+    #: Whether the GPU computes in bf16 (``catalog.GpuType.supports_bf16``); None: not known
+    #: (this machine's GPU of no catalog family). Decides the default precision
+    #: (``plan/precision.py``).
+    bf16: bool | None = None
+    #: Why the catalog has no price for it (``price_per_hour`` None), in its words.
+    price_note: str | None = None
     intra_node_gbytes_per_s: float | None = None
     inter_node_gbps: float | None = None
     max_nodes: int = 1

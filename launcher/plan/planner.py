@@ -23,8 +23,11 @@ its own unless full is pinned (FSDP holds less at the same compute, so it comes 
 
 What the user pinned stays pinned. With ``--machine`` the answer is the first rung that fits on
 that machine; without it, every machine of the provider's catalog is planned this way and the
-cheapest fitting plan on one machine wins (several machines only when no single one fits; fewest
-changes on a tie). Each rung below the chosen one becomes a
+cheapest fitting plan wins: a priced machine before one without a price (an unpriced machine is
+chosen only when nothing priced fits, and a note says so), one machine before several, then the
+cost, then the fewest changes. Why the runner-up, a cheaper machine and a faster plan lost is a
+line each (``reasons.other_machines``); on SageMaker, SMP v2 is tried beside the chosen FSDP plan
+(``_smp_v2_beside``). Each rung below the chosen one becomes a
 rejected option with its numbers. Memory per GPU comes from a ``Footprint`` (single device, per
 micro-batch) scaled by the strategy, plus the GPU-side overheads (``plan/memory.py``).
 """
@@ -38,6 +41,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from launcher.estimate.footprint import Footprint
+from launcher.plan import precision as precisions
 from launcher.plan import reasons
 from launcher.plan.cost import Hardware, step_cost
 from launcher.plan.memory import (
@@ -193,8 +197,12 @@ def ladder(spec: Spec, target: Target, provider: str, can_checkpoint: bool) -> I
             for ac in ac_options[1:]:
                 yield Rung(level, checkpointing_label(ac), base, base_nodes, ac, True)
 
+    # --reshard-after-forward pins full sharding, --no-reshard-after-forward ZeRO-2
+    degrees = [d for d in SHARDING.degrees if spec.reshard_after_forward is None
+               or (d == "zero2") != spec.reshard_after_forward]
+
     def sharded_on(level: int, nodes: int, strategy: str, prefix: str = "") -> Iterator[Rung]:
-        for degree in SHARDING.degrees:  # ZeRO-2, then full sharding
+        for degree in degrees:  # ZeRO-2, then full sharding
             if degree == "zero2":
                 if strategy in ZERO2:
                     for ac in zero2_ac:
@@ -287,11 +295,15 @@ def plan_on(spec: Spec, estimator: Estimator, target: Target, provider: str,
     gpus = spec.gpus_per_node or target.gpus
     if gpus > target.gpus:
         raise UsageError(f"--gpus-per-node {gpus}, but {target.name} has {target.gpus} GPUs")
+    if spec.reshard_after_forward is not None and spec.strategy not in (None, *ZERO2):
+        flag = "--" + ("" if spec.reshard_after_forward else "no-") + "reshard-after-forward"
+        raise UsageError(f"{flag} is for fsdp and hybrid_shard, not --strategy {spec.strategy}",
+                         "drop one of the two")
     if one_process(spec) and spec.gpus_per_node is None and gpus > 1:
         if provider != "local":
             return None, [], []  # its other GPUs would be paid for and idle
         gpus = 1  # this machine's first GPU
-    precision = spec.precision or "fp32"
+    precision = precisions.precision_for(spec, target)
     optimizer = spec.optimizer or "adamw"
     evaluated: list[Plan] = []
     failed: list[Plan] = []
@@ -437,12 +449,15 @@ def plan(spec: Spec, estimator: Estimator, targets: list[Target], provider: str,
     rejected: list[Rejection] = []
     status = ExitStatus.SUCCESS
     if options:
-        def rank(option: tuple[Plan, list[Plan]]) -> tuple[int, int, float, int]:
-            # Known to fit first; one machine before several (a second machine is the last
-            # remedy); then the cheapest; then the fewest changes.
+        def rank(option: tuple[Plan, list[Plan]]) -> tuple[int, bool, bool, float, int]:
+            # Known to fit first; a priced machine before an unpriced one (a plan whose cost
+            # nobody can know is chosen only when nothing priced fits); one machine before
+            # several (a second machine is the last remedy); then the cheapest; then the
+            # fewest changes.
             p = option[0]
-            return (0 if p.fits else 1, p.nodes > 1, p.total_cost_usd
-                    if p.total_cost_usd is not None else math.inf, len(option[1]))
+            return (0 if p.fits else 1, p.total_cost_usd is None, p.nodes > 1,
+                    p.total_cost_usd if p.total_cost_usd is not None else math.inf,
+                    len(option[1]))
         # Under a budget, a plan whose cost is unknown cannot be shown to be within it.
         within = [o for o in options if spec.budget is None or (
             o[0].total_cost_usd is not None and o[0].total_cost_usd <= spec.budget)]
@@ -462,6 +477,15 @@ def plan(spec: Spec, estimator: Estimator, targets: list[Target], provider: str,
     rejected = [*reasons.for_failed(failed_on_chosen, parameters), *rejected, *unsplit]
     if chosen is not None:
         rejected += reasons.alternatives(chosen, failed_on_chosen, provider)
+        smp = _smp_v2_beside(spec, estimator, targets, provider, chosen, can_checkpoint)
+        if smp is not None:
+            all_plans.append(smp)
+            rejected.append(reasons.smp_v2(chosen, smp))
+        ranked = [o[0] for o in sorted(options, key=rank)]
+        rejected += reasons.other_machines(chosen, ranked, all_plans, parameters)
+        unpriced = _unpriced_note(chosen, targets, len(targets) > 1)
+        if unpriced:
+            notes.append(unpriced)
         if chosen.fits is None:
             unknown = [k for k, v in asdict(chosen.memory).items() if v is None]
             why = ("--memory-limit caps address space, which allocated bytes do not measure"
@@ -469,11 +493,68 @@ def plan(spec: Spec, estimator: Estimator, targets: list[Target], provider: str,
                    else f"unknown: {', '.join(unknown)}")
             notes.append(f"whether the chosen plan fits is not certain ({why})")
     notes += _parallelism_notes(spec, provider, chosen)
-    foot_note = estimator(spec.precision or "fp32", spec.optimizer or "adamw", False).note
+    origins = dict(spec.origins)
+    shown = chosen or (all_plans[0] if all_plans else None)
+    target = next((t for t in targets if shown is not None and t.name == shown.machine), None)
+    if target is not None:
+        said = precisions.origin(spec, target)
+        if said is not None:
+            origins["precision"] = said
+        bf16_unused = precisions.note(spec, target, shown.precision)  # type: ignore[union-attr]
+        if bf16_unused:
+            notes.append(bf16_unused)
+    precision = shown.precision if shown is not None else spec.precision or "fp32"
+    foot_note = estimator(precision, spec.optimizer or "adamw", False).note
     if foot_note:
         notes.append(foot_note)
     return PlanResult(parameters=parameters, source=source, plans=all_plans, chosen=chosen,
-                      rejected=rejected, notes=notes, status=status, origins=dict(spec.origins))
+                      rejected=rejected, notes=notes, status=status, origins=origins)
+
+
+def _smp_v2_beside(spec: Spec, estimator: Estimator, targets: list[Target], provider: str,
+                   chosen: Plan, can_checkpoint: bool) -> Plan | None:
+    """SageMaker's model-parallel library (SMP v2) on the chosen layout, beside the chosen
+    FSDP plan, so that the plan shows it with its numbers and says why it was not chosen
+    (``reasons.smp_v2``). Its memory is its default configuration's: FSDP sharding within a
+    node (``hybrid_shard_degree`` = the GPUs of a node, ``memory.shard_degree``), no tensor
+    parallelism, no offloading. Tried at the chosen micro-batch and checkpointing, then with
+    full checkpointing when that does not fit; the closer of the two is shown. None where it
+    is not a candidate: another provider, a pinned strategy, a plan that does not shard."""
+    if (provider != "sagemaker" or spec.strategy is not None
+            or chosen.strategy not in ("fsdp", "hybrid_shard") or chosen.world_size < 2):
+        return None
+    target = next((t for t in targets if t.name == chosen.machine), None)
+    if target is None:
+        return None
+    pinned = pinned_checkpointing(spec)
+    modes = [chosen.checkpointing or "none"]
+    if pinned is None and can_checkpoint and modes[0] != "full":
+        modes.append("full")
+    tries = []
+    for mode in modes:
+        rung = Rung(SHARDING.level or 3, f"smp_v2{_CHECKPOINTED[mode]}", "smp_v2",
+                    chosen.nodes, mode, False)
+        fp = estimator(chosen.precision, chosen.optimizer, checkpointing_key(mode))
+        tries.append(_evaluate(spec, fp, target, rung, chosen.gpus_per_node,
+                               chosen.micro_batch_size, chosen.grad_accum_steps))
+        if tries[-1].fits:
+            break
+    return min(tries, key=lambda p: (not p.fits, p.memory.total or math.inf))
+
+
+def _unpriced_note(chosen: Plan, targets: list[Target], searched: bool) -> str | None:
+    """The chosen machine has no price: said, with the catalog's reason, and why it was
+    chosen all the same (pinned, or no priced machine fits)."""
+    if chosen.total_cost_usd is not None:
+        return None
+    target = next((t for t in targets if t.name == chosen.machine), None)
+    if target is None or target.cpu or target.name.startswith("local"):
+        return None
+    why = f" ({target.price_note})" if target.price_note else ""
+    chosen_because = ("no priced machine fits, so one without a price is chosen" if searched
+                      else "it is the machine asked for")
+    return (f"{chosen.machine} has no price in the catalog{why}: the plan's cost is unknown; "
+            f"{chosen_because}")
 
 
 def _steps_words(spec: Spec) -> str:

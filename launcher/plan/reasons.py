@@ -8,6 +8,7 @@ accumulation".
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from launcher.estimate.overheads import SAFETY_MARGIN
@@ -68,6 +69,37 @@ def _decimal(n: int) -> str:
 
 
 def for_failed(failed: list[Plan], parameters: int | None) -> list[Rejection]:
+    """One line per distinct reason: the rungs that failed for the same reason in the same
+    words (DDP's model states at every checkpointing level) are one line that names the
+    levels."""
+    out: list[Rejection] = []
+    levels: dict[tuple[str, str], list[str]] = {}
+    for plan in failed:
+        base = f"{_where(plan)}, micro-batch {plan.micro_batch_size}" + (
+            ", reduce-scatter every micro-step" if plan.reduce_every_micro_step else "")
+        (one,) = _failed([plan], parameters)
+        key = (base, one.reason)
+        if key in levels:
+            levels[key].append(plan.checkpointing or "none")
+            continue
+        levels[key] = [plan.checkpointing or "none"]
+        out.append(one)
+    grouped = []
+    for rejection, ((base, _), modes) in zip(out, levels.items(), strict=True):
+        if len(modes) > 1:
+            rejection = _rejection(f"{base}, with {_levels(modes)}", rejection.reason)
+        grouped.append(rejection)
+    return grouped
+
+
+def _levels(modes: list[str]) -> str:
+    """ "no, selective or full activation checkpointing" for the modes a line stands for."""
+    words = {"none": "no", "selective": "selective", "full": "full"}
+    named = [words[m] for m in modes]
+    return f"{', '.join(named[:-1])} or {named[-1]} activation checkpointing"
+
+
+def _failed(failed: list[Plan], parameters: int | None) -> list[Rejection]:
     out = []
     for plan in failed:
         m = plan.memory
@@ -207,3 +239,85 @@ def alternatives(chosen: Plan, failed: list[Plan], provider: str) -> list[Reject
                 "it recomputes the forward pass during backward (about a third more compute); a "
                 "smaller micro-batch fits without it")))
     return out
+
+
+def _usd(value: float | None) -> str:
+    return "an unknown amount" if value is None else f"${value:,.2f}"
+
+
+def _lost_to(chosen: Plan, other: Plan) -> str:
+    """Why ``other``, a plan that fits on another machine, was not chosen over ``chosen``, in
+    the planner's order (``planner.plan``'s ``rank``)."""
+    if other.fits is not True and chosen.fits:
+        return "whether it fits is not known; the chosen plan is known to fit"
+    if other.total_cost_usd is None and chosen.total_cost_usd is not None:
+        return (f"{other.machine} has no price in the catalog: its cost cannot be compared, and "
+                "a priced machine that fits comes first")
+    if other.nodes > 1 and chosen.nodes == 1:
+        return (f"needs {other.nodes} machines ({_usd(other.total_cost_usd)} for the run); "
+                "one machine that fits comes first")
+    if other.total_cost_usd is None and chosen.total_cost_usd is None:
+        return (f"{other.machine} has no price in the catalog either: with no cost to tell "
+                "them apart, the first in the catalog's order is taken")
+    if other.total_cost_usd is not None and chosen.total_cost_usd is not None:
+        more = other.total_cost_usd - chosen.total_cost_usd
+        step = ("" if other.step_time_s is None or chosen.step_time_s is None else
+                f", step {other.step_time_s:.3g} s against {chosen.step_time_s:.3g} s")
+        if more > 0.005:
+            return (f"costs {_usd(other.total_cost_usd)} for the run "
+                    f"(${other.cost_per_hour_usd or 0:,.2f}/h{step}), ${more:,.2f} more than "
+                    f"the chosen {_usd(chosen.total_cost_usd)}")
+    return "the same cost, with more changes to what was asked"
+
+
+def other_machines(chosen: Plan, ranked: list[Plan], evaluated: list[Plan],
+                   parameters: int | None) -> list[Rejection]:
+    """A search over machines, in a line each: why the runner-up (the next fitting plan on
+    another machine, ``ranked`` in the planner's order) lost; why a cheaper machine did not do
+    (its nearest miss); and why a faster plan did not win. At most three lines, none for a
+    single machine."""
+    out: list[Rejection] = []
+    others = [p for p in ranked if p is not chosen and p.machine != chosen.machine]
+    runner = others[0] if others else None
+    if runner is not None:
+        out.append(_rejection(f"runner-up {_where(runner)}", _lost_to(chosen, runner)))
+    bound = chosen.total_cost_usd if chosen.total_cost_usd is not None else math.inf
+    fitting = {p.machine for p in ranked}
+    cheaper = [p for p in evaluated if p.fits is False and p.machine not in fitting
+               and p.total_cost_usd is not None and p.total_cost_usd < bound
+               and p.memory.total is not None and p.memory.capacity]
+    if cheaper:
+        near = min(cheaper, key=lambda p: (p.memory.total or 0) / (p.memory.capacity or 1))
+        (failed,) = for_failed([near], parameters)
+        out.append(_rejection(f"cheaper: {failed.option}", failed.reason))
+    faster = [p for p in others if p is not runner and p.step_time_s is not None
+              and chosen.step_time_s is not None and p.step_time_s < chosen.step_time_s]
+    if faster:
+        best = min(faster, key=lambda p: p.step_time_s or 0)
+        out.append(_rejection(f"faster {_where(best)}", _lost_to(chosen, best)))
+    return out
+
+
+def smp_v2(chosen: Plan, smp: Plan) -> Rejection:
+    """Why SageMaker's model-parallel library (SMP v2), tried on the chosen layout
+    (``planner._smp_v2_beside``), was not chosen over the chosen FSDP plan."""
+    m, c = smp.memory, chosen.memory
+    option = (f"{_where(smp)}, micro-batch {smp.micro_batch_size}{_checkpointed(smp)} "
+              "(SageMaker's model-parallel library)")
+    if smp.fits is False and m.total is not None and m.capacity is not None:
+        usable = format_bytes(int(m.capacity * (1 - SAFETY_MARGIN)))
+        held = ""
+        if m.model_states != c.model_states and smp.nodes > 1:
+            held = (f"its default shard groups of one node ({smp.gpus_per_node} GPUs) hold "
+                    f"{format_bytes(m.model_states)} of model states per GPU where "
+                    f"{chosen.strategy_label} over {chosen.world_size} holds "
+                    f"{format_bytes(c.model_states)}; ")
+        return _rejection(option, f"{held}needs {format_bytes(m.total)} per GPU, more than the "
+                          f"{usable} usable")
+    if smp.fits:
+        return _rejection(option, (
+            f"fits too ({format_bytes(m.total)} per GPU against {format_bytes(c.total)}), but "
+            "SMP v2 is PyTorch FSDP configured by SageMaker and runs only in its SMP image "
+            "(PyTorch 2.5.1); its extras (tensor parallelism, activation offloading) are not "
+            f"needed here, so {chosen.strategy_label} in the stock image is kept"))
+    return _rejection(option, "whether it fits is not known")

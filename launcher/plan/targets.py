@@ -6,7 +6,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from launcher.estimate.calibration import lookup
-from launcher.plan.catalog import UnknownMachine, load_catalog
+from launcher.plan.catalog import UnknownMachine, family_of, load_catalog
 from launcher.plan.memory import Target
 from launcher.script_info import Hardware
 from launcher.spec import Spec
@@ -40,13 +40,15 @@ def local_target(spec: Spec, hw: Hardware) -> Target:
         raise UsageError("--machine names a cloud machine type",
                          "drop it for the local provider, or pass --provider vertex|sagemaker")
     if hw.cuda_devices:
+        known = family_of(hw.cuda_name)  # its bf16 support: the default precision
         return Target(name=f"local-{hw.cuda_name or 'cuda'}", gpus=hw.cuda_devices,
-                      memory_bytes=hw.cuda_memory_bytes, gpu_name=hw.cuda_name)
+                      memory_bytes=hw.cuda_memory_bytes, gpu_name=hw.cuda_name,
+                      bf16=None if known is None else known.supports_bf16)
     procs = spec.gpus_per_node or 1
     host = hw.host_memory_bytes
     capacity = spec.memory_limit or (host // procs if host else None)
     return Target(name="local-cpu", gpus=max(procs, 1), memory_bytes=capacity, cpu=True,
-                  address_space_cap=spec.memory_limit is not None)
+                  bf16=False, address_space_cap=spec.memory_limit is not None)
 
 
 def cloud_targets(provider: str, spec: Spec) -> list[Target]:
@@ -67,7 +69,8 @@ def cloud_targets(provider: str, spec: Spec) -> list[Target]:
             generation=gpu.generation, gpu_name=gpu.name,
             price_per_hour=(m.spot_price_per_hour if spec.spot and m.spot_price_per_hour
                             else m.price_per_hour),
-            bf16_tflops=gpu.bf16_tflops, fp32_tflops=gpu.fp32_tflops,
+            bf16_tflops=gpu.bf16_tflops, fp32_tflops=gpu.fp32_tflops, bf16=gpu.supports_bf16,
+            price_note=m.price_note,
             intra_node_gbytes_per_s=m.intra_node_gbytes_per_s,
             inter_node_gbps=m.inter_node_gbps, max_nodes=MAX_CLOUD_NODES))
     return targets

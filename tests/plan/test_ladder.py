@@ -382,3 +382,22 @@ def test_a_sharded_plan_whose_accumulated_gradients_overflow_is_not_told_nothing
     for other in (failed(grad_accum_steps=1), failed(reduce_every_micro_step=True),
                  failed(strategy="ddp")):
         assert for_failed([other], 7_000_000_000)[0].reason.endswith("no micro-batch changes that")
+
+
+def test_reshard_after_forward_pins_full_sharding_or_zero2(cli):
+    """issue 25: --strategy fsdp always gave ZeRO-2 where it fitted (the whole model's bf16
+    weights held: 15 GB of a 7.5B model per GPU); the pin chooses."""
+    base = ("plan", "--params", "7.5e9", "--provider", "sagemaker", "--machine",
+            "ml.p4de.24xlarge", "--nodes", "8", "--gpus-per-node", "8", "--strategy", "fsdp",
+            "--precision", "bf16_mixed", "--micro-batch-size", "1", "--json")
+    full = cli(*base, "--reshard-after-forward").json()
+    zero2 = cli(*base, "--no-reshard-after-forward").json()
+    assert all(p["reshard_after_forward"] for p in full["plans"])
+    assert not any(p["reshard_after_forward"] for p in zero2["plans"])
+    shard = 7.5e9 * 4 / 64  # the fp32 weights' shard
+    assert full["chosen"]["memory"]["parameters"] == pytest.approx(shard, rel=1e-3)
+    assert zero2["chosen"]["memory"]["parameters"] == pytest.approx(shard + 7.5e9 * 2,
+                                                                    rel=1e-3)
+    refused = cli("plan", "--params", "7B", "--provider", "sagemaker", "--strategy", "ddp",
+                  "--reshard-after-forward")
+    assert refused.status == 2 and "is for fsdp and hybrid_shard" in refused.stderr

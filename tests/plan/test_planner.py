@@ -97,11 +97,28 @@ def test_seed_30b_ddp_is_rejected_with_its_numbers_and_sharded(cli, plain):
     assert states * 16 >= 480e9 * 0.99 or states * 8 >= 480e9 * 0.99  # sharded 16- or 8-way
 
 
-def test_params_alone_plan_sharding_but_say_activations_are_unknown(cli, plain):
+def test_params_alone_assume_a_published_shape_and_answer_yes_or_no(cli, plain):
+    # issue 25: "30B, Llama-like, 4k context" gets a yes or no, and the plan says what it
+    # assumed and how to give the real shape
     data = cli("plan", str(plain), "--provider", "sagemaker", "--machine", "ml.p4de.24xlarge",
                "--nodes", "2", "--micro-batch-size", "1", "--global-batch-size", "16",
                "--params", "30B", "--json").json()
     assert data["model"] == {"parameters": 30_000_000_000, "source": "declared"}
+    assert data["chosen"]["fits"] is True
+    assert data["chosen"]["memory"]["activations"] > 0
+    assert data["chosen"]["seq_len"] == 4096
+    assert all(p["fits"] is not None for p in data["plans"])
+    assert not any("activations unknown" in note for note in data["notes"])
+    assumed = next(n for n in data["notes"] if n.startswith("shape assumed"))
+    assert "LLaMA 30B" in assumed and "--model-config" in assumed
+    assert "--seq-len" in data["origins"]["seq_len"]
+
+
+def test_params_with_part_of_a_shape_say_activations_are_unknown(cli, plain):
+    # a shape the user began is theirs: nothing is assumed for the flags they left out
+    data = cli("plan", str(plain), "--provider", "sagemaker", "--machine", "ml.p4de.24xlarge",
+               "--nodes", "2", "--micro-batch-size", "1", "--global-batch-size", "16",
+               "--params", "30B", "--layers", "60", "--json").json()
     assert data["chosen"]["fits"] is None
     assert data["chosen"]["memory"]["activations"] is None
     assert any("activations unknown" in note for note in data["notes"])
@@ -391,7 +408,10 @@ def test_reducing_every_micro_step_holds_the_gradient_shards_in_the_estimate():
 def test_plans_list_each_candidate_once_with_what_reducing_every_micro_step_replaces(cli, plain):
     data = cli("plan", str(plain), "--provider", "sagemaker", "--machine", "ml.p5.48xlarge",
                "--no-activation-checkpointing", *LLAMA_13B, "--json").json()
+    # SMP v2, tried on the chosen layout after the choice (issue 25), comes after the ladder
+    assert data["plans"][-1]["strategy"] == "smp_v2"
     keys = [(p["strategy"], p["reshard_after_forward"], p["micro_batch_size"],
-             p["activation_checkpointing"], p["reduce_every_micro_step"]) for p in data["plans"]]
+             p["activation_checkpointing"], p["reduce_every_micro_step"]) for p in data["plans"]
+            if p["strategy"] != "smp_v2"]
     assert len(keys) == len(set(keys))
     assert keys[-2:] == [("fsdp", True, 1, False, False), ("fsdp", True, 1, False, True)]
