@@ -126,7 +126,7 @@ def hook_free(script: Path, timing: dict | None = None) -> int | None:
 
 def hook_free_child(script: str) -> int:
     """Run ``script`` as ``__main__`` with CUDA mapped to the CPU as the capture maps it
-    (``plain._patch_cuda``, which holds no tensor), the CPU profiler started at its first
+    (``on_the_cpu.patch_cuda``, which holds no tensor), the CPU profiler started at its first
     top-level module call with gradients and stopped at its third optimizer step's pre-hook, as
     ``frameworks.measure_step`` does (or at its third step by hand, for a loop without an
     optimizer); print ``HOOK-FREE <weights and buffers + peak above>``."""
@@ -136,12 +136,12 @@ def hook_free_child(script: str) -> int:
     from torch.optim.optimizer import register_optimizer_step_pre_hook
     from torch.profiler import ProfilerActivity, profile
 
-    from launcher._framework_child import plain
+    from launcher._framework_child import on_the_cpu
     from launcher._framework_child.manual_step import watch_manual_steps
     from launcher._framework_child.measure import profiled_peak
 
     sys.argv = [script]
-    plain._patch_cuda()
+    on_the_cpu.patch_cuda()
     state: dict = {}
     call = torch.nn.Module.__call__
     depth = [0]

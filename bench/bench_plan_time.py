@@ -50,11 +50,11 @@ def first_step_child(script: str) -> int:
 
     from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-    from launcher._framework_child import plain
+    from launcher._framework_child import on_the_cpu
 
     sys.argv = [script]
     sys.path.insert(0, str(Path(script).parent))
-    plain._patch_cuda()
+    on_the_cpu.patch_cuda()
 
     class Done(BaseException):
         pass

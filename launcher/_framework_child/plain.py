@@ -50,6 +50,7 @@ from launcher._framework_child.capture import finish, leaves, own, save_optimize
 from launcher._framework_child.data_bound import bounded_inputs, bounded_shape, record_loaders
 from launcher._framework_child.manual_step import watch_plain
 from launcher._framework_child.measure import start_profile, stop_profile
+from launcher._framework_child.on_the_cpu import patch_cuda
 from launcher._framework_child.script_options import env_options, patch_click, patch_environ
 from launcher.script_info import flag_text
 
@@ -71,7 +72,7 @@ def patch_plain() -> None:
     _patch_argparse()
     patch_click(STATE["plain_parsers"])
     patch_environ(STATE["script"])
-    _patch_cuda()
+    patch_cuda()
     patch_pipeline()
     _patch_compile()
     autocasts = _patch_autocast()
@@ -131,7 +132,8 @@ def patch_plain() -> None:
             # the last backward before the first step: it belongs with the model's last call
             # (an accumulating loop makes several, each of its own micro-batch's output); not
             # one the capture itself runs, nor the re-entry a torch function mode makes
-            # (``_OnTheCpu``: torch's backward hands itself to the mode, which calls it again)
+            # (``on_the_cpu.OnTheCpu``: torch's backward hands itself to the mode, which calls
+            # it again)
             STATE["plain_loss"] = self
             STATE["plain_frame"] = dict(_caller().f_locals)
             record_backward()
@@ -169,30 +171,6 @@ def _caller() -> Any:
     while frame.f_back is not None and frame.f_code.co_filename.startswith(here):
         frame = frame.f_back
     return frame
-
-
-def _patch_cuda() -> None:
-    """A script written for a GPU runs here on the CPU when there is none: ``.cuda()``,
-    ``.to("cuda")``, ``device="cuda"`` (a string, ``torch.device``, ``cuda:N`` or an index) and
-    ``pin_memory()`` stay on the CPU, and ``torch.cuda.synchronize()`` waits for nothing. What a
-    CPU-only torch already tolerates (``torch.cuda.manual_seed``, a ``GradScaler("cuda")`` or an
-    ``autocast("cuda")``, which it disables with a warning; the memory counters, which read 0)
-    is left to it."""
-    if torch.cuda.is_available():
-        return
-
-    def module_cuda(self: torch.nn.Module, device: Any = None) -> torch.nn.Module:
-        _on_a_gpu(".cuda()")
-        return self
-
-    def tensor_cuda(self: torch.Tensor, *_: Any, **__: Any) -> torch.Tensor:
-        _on_a_gpu(".cuda()")
-        return self
-
-    torch.nn.Module.cuda = module_cuda  # type: ignore[method-assign]
-    torch.Tensor.cuda = tensor_cuda  # type: ignore[method-assign]
-    torch.cuda.synchronize = lambda device=None: None
-    _OnTheCpu().__enter__()  # for the rest of the script: the capture ends the process
 
 
 def _record_zero_grad(owner: type, order: list[str]) -> None:
@@ -286,53 +264,6 @@ def _own_precision() -> None:
     if dtype == torch.float16:
         how += ": float16, planned as bf16_mixed (the same bytes)"
     own("precision", "bf16_mixed", how)
-
-
-def _gpu(value: Any) -> bool:
-    """Whether a device argument names a GPU (``"cuda"``, ``"cuda:1"``, a CUDA ``torch.device``);
-    an int is a device index only where the argument is a device."""
-    if isinstance(value, torch.device):
-        return value.type == "cuda"
-    return isinstance(value, str) and value.split(":", 1)[0] == "cuda"
-
-
-def _on_a_gpu(what: str) -> None:
-    """Remember the first place the script put a tensor on a GPU itself (``device="cuda"``,
-    ``.to("cuda")``, ``.cuda()``), as ``train.py:42: .to('cuda')``: the capture runs it on the
-    CPU, but the job runs the script as it is, so a plan for a machine without a GPU (the local
-    provider here) must say it will fail there. A script that asks ``torch.cuda.is_available()``
-    first never gets here."""
-    if "needs_gpu" in ANSWER:
-        return
-    script = STATE.get("script")
-    frame = sys._getframe(1)
-    while frame is not None and (script is None or frame.f_code.co_filename != str(script)):
-        frame = frame.f_back
-    where = f"{script.name}:{frame.f_lineno}: " if frame is not None and script else ""
-    ANSWER["needs_gpu"] = where + what
-
-
-class _OnTheCpu(torch.overrides.TorchFunctionMode):
-    """Every torch function (factories, ``Tensor.to``, ``Module.to``'s per-tensor moves) sees
-    the CPU where the script named a GPU."""
-
-    def __torch_function__(self, func: Any, types: Any, args: tuple = (),
-                           kwargs: dict | None = None) -> Any:
-        kwargs = kwargs or {}
-        device = kwargs.get("device")
-        if device is not None and (_gpu(device) or type(device) is int):
-            _on_a_gpu(f"device={str(device)!r}")
-            kwargs = {**kwargs, "device": "cpu"}
-        if func is torch.Tensor.to:
-            moved = tuple("cpu" if _gpu(a) or (i == 1 and type(a) is int) else a
-                          for i, a in enumerate(args))
-            changed = [str(a) for a, m in zip(args, moved, strict=True) if a is not m]
-            if changed:
-                _on_a_gpu(f".to({changed[0]!r})")
-            args = moved
-        elif func is torch.Tensor.pin_memory:
-            return args[0]
-        return func(*args, **kwargs)
 
 
 def _patch_argparse() -> None:
