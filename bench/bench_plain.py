@@ -55,9 +55,9 @@ def scripts() -> dict[str, str]:
 
 
 def run_one(name: str, source: str, folder: Path, repeat: int = 3) -> dict:
+    from launcher.capture.frameworks import Detected, measure_step
     from launcher.cli import main as launch
     from launcher.context import Environment
-    from launcher.frameworks import Detected, measure_step
 
     folder.mkdir(parents=True)
     script = folder / ("train.py" if name == "nanogpt" else "main.py")
@@ -136,9 +136,9 @@ def hook_free_child(script: str) -> int:
     from torch.optim.optimizer import register_optimizer_step_pre_hook
     from torch.profiler import ProfilerActivity, profile
 
-    from launcher._framework_child import on_the_cpu
-    from launcher._framework_child.manual_step import watch_manual_steps
-    from launcher._framework_child.measure import profiled_peak
+    from launcher.capture.child import on_the_cpu
+    from launcher.capture.child.manual_step import watch_manual_steps
+    from launcher.capture.child.measure import profiled_peak
 
     sys.argv = [script]
     on_the_cpu.patch_cuda()

@@ -50,7 +50,7 @@ def first_step_child(script: str) -> int:
 
     from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-    from launcher._framework_child import on_the_cpu
+    from launcher.capture.child import on_the_cpu
 
     sys.argv = [script]
     sys.path.insert(0, str(Path(script).parent))

@@ -227,7 +227,7 @@ def config_keys() -> dict[str, ConfigKey]:
 #: usage line naming the variable (:func:`check_environment` checks them all up front).
 ENVIRONMENT: dict[str, str | tuple[str, ...]] = {
     "LAUNCH_PROBE_TIMEOUT": "seconds",  # the recipe's probe child (recipe.py)
-    "LAUNCH_CAPTURE_TIMEOUT": "seconds",  # a framework script's capture (frameworks.py)
+    "LAUNCH_CAPTURE_TIMEOUT": "seconds",  # a framework script's capture (capture/frameworks.py)
     "LAUNCH_TRACE_TIMEOUT": "seconds",  # each trace (preflight.py)
     "LAUNCH_RANK_TRACE_BUDGET": "seconds",  # all the rank traces of one preflight
     "LAUNCH_NO_TRACE": "flag",  # plan on model states only

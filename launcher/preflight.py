@@ -425,7 +425,7 @@ def _pinned_checkpointing(spec: Spec) -> str | None:
 
 
 def _framework_spec(spec: Spec, info: ScriptInfo) -> Spec:
-    """A framework script that never reached training (launcher/frameworks.py) is described
+    """A framework script that never reached training (launcher/capture/frameworks.py) is described
     by the Hugging Face config of the model it built on the way, if any; with neither that nor
     --params / --model-config there is nothing to plan, and the capture's notes say why."""
     if (info.framework_recipe is not None or spec.model_config is not None

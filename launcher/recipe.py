@@ -84,7 +84,7 @@ def inspect_script(
     """
     mode, hooks = classify(path)
     if mode == "script":
-        from launcher.frameworks import detect, inspect_framework, inspect_plain
+        from launcher.capture.frameworks import detect, inspect_framework, inspect_plain
 
         detected = detect(path)
         if detected is not None:  # run to where training starts (a time limit), not imported

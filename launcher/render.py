@@ -28,8 +28,8 @@ TEMPLATE_PACKAGE = "trainer_templates"
 TEMPLATE_SUFFIX = ".py.j2"
 SCRIPT_NAME = "launch_train.py"
 PLAN_NAME = "plan.json"
-#: The shim that runs a framework script (launcher/frameworks.py) with the plan applied through
-#: the framework's own settings; not a strategy, though its template sits beside them.
+#: The shim that runs a framework script (launcher/capture/frameworks.py) with the plan applied
+#: through the framework's own settings; not a strategy, though its template sits beside them.
 FRAMEWORK_TEMPLATE = "framework"
 FRAMEWORK_SCRIPT = "launch_framework.py"
 FRAMEWORKS = ("hf_trainer", "accelerate", "lightning")

@@ -37,7 +37,7 @@ class ScriptInfo:
     unit_parameters: int | None = None
     flops_per_sample: float | None = None
     hardware: Hardware = field(default_factory=Hardware)
-    #: A framework script (launcher/frameworks.py): hf_trainer | accelerate | lightning, the
+    #: A framework script (launcher/capture/frameworks.py): hf_trainer | accelerate | lightning, the
     #: recipe generated from what it built (None when it never reached training), a Hugging
     #: Face config it built a model from (for the analytic estimate then), and notes.
     framework: str | None = None
@@ -133,7 +133,7 @@ PIN_ONLY = frozenset({"lr"})
 
 
 #: A learned setting read from an environment variable of the script's own: ``$BATCH_SIZE``
-#: (``_framework_child/script_options.py``).
+#: (``capture/child/script_options.py``).
 ENV_PREFIX = "$"
 
 
@@ -183,7 +183,7 @@ def with_flags(args: tuple[str, ...] | list[str], flags: dict[str, str],
 def env_flags(flags: dict[str, str], plan: Any, pinned: tuple[str, ...] = ()
               ) -> dict[str, str]:
     """The environment a plain script that reads its settings from variables of its own
-    (``$BATCH_SIZE``: ``_framework_child/script_options.py``) gets for ``plan``: each such
+    (``$BATCH_SIZE``: ``capture/child/script_options.py``) gets for ``plan``: each such
     variable set to the plan's value, also where that is the script's own (a variable the user
     exported here is not in a cloud job's environment). A ``PIN_ONLY`` setting only where
     ``pinned``."""

@@ -83,7 +83,7 @@ class Spec:
     script: Path
     mode: str
     provider: str = "local"
-    #: A framework script's framework (hf_trainer | accelerate | lightning; launcher/frameworks.py)
+    #: A framework script's framework (hf_trainer | accelerate | lightning: capture/frameworks.py)
     framework: str | None = None
     #: Where each of the plan's settings came from, in words (``--steps``, ``steps in
     #: launch.toml``, ``LAUNCH['lr'] in train.py``, ``the script's own: 1 epoch of 2 batches``,
@@ -432,17 +432,17 @@ def _origins(values: dict[str, Any], options: Mapping[str, Any], labels: Mapping
                                         and not info.captured))}
     origins = {k: labels[k] for k in pinned}
     if info.captured:  # a plain script's own settings, as the capture found them
-        from launcher.frameworks import SCRIPT_OWN
+        from launcher.capture.frameworks import SCRIPT_OWN
 
         for key in info.launch:
             if key not in pinned:
                 origins[key] = SCRIPT_OWN + (f": {info.own[key]}" if info.own.get(key) else "")
         if info.framework is None and "steps" not in pinned:
-            from launcher.frameworks import plain_steps
+            from launcher.capture.frameworks import plain_steps
 
             origins.update(plain_steps(info, values))
     if info.framework is not None:
-        from launcher.frameworks import own_settings
+        from launcher.capture.frameworks import own_settings
 
         origins.update(own_settings(info.framework, values, pinned, dict(info.launch),
                                     info.own, info.length))

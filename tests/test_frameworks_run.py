@@ -240,7 +240,7 @@ def test_the_replan_re_traces_the_recipe_generated_from_the_script(tmp_path):
     """What `launch` does with tracing on (cli.py hands ``retrace`` the capture's recipe): the
     failure's batch shapes are re-traced through the recipe generated from the script (its
     classes rebuilt with the script's computed constants, ``SCRATCH`` and ``AFTER`` here)."""
-    from launcher.frameworks import capture, detect
+    from launcher.capture.frameworks import capture, detect
     from launcher.remedies import replan, retrace
 
     script = _fixture(tmp_path, "accelerate")

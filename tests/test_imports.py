@@ -36,7 +36,7 @@ PRIVATE_MODULE_IMPORTS: dict[tuple[str, str], str] = {
         "the probe child counts FLOPs with the tracer's depth scaling",
     # The framework child reads a real step's CPU allocator events as the trace child's
     # reference measurement does (one reader of torch's profiler tree).
-    ("launcher._framework_child.measure", "launcher.estimate._measure"):
+    ("launcher.capture.child.measure", "launcher.estimate._measure"):
         "the framework child's real step reads the allocator as measure() does",
 }
 

@@ -4,7 +4,7 @@ A script that pads each batch to its longest sample (a ``collate_fn`` with dynam
 accelerate's ``nlp_example`` and most NLP loops do) makes batches of varying sequence length:
 the capture's first batch is one sample of them (issue 28: 112 tokens captured, 121 the data's
 longest, -7.2% with no note). The capture scans the training loader's data
-(``launcher/_framework_child/data_bound.py``) and the plan traces the longest, and says so; a
+(``launcher/capture/child/data_bound.py``) and the plan traces the longest, and says so; a
 loader with constant shapes changes nothing and adds no note.
 """
 
@@ -22,9 +22,9 @@ from typing import Any
 
 import pytest
 
+from launcher.capture.frameworks import detect, measure_step
 from launcher.cli import main
 from launcher.context import Environment
-from launcher.frameworks import detect, measure_step
 
 #: accelerate's nlp_example as it pads (tests/fixtures/frameworks/accelerate_nlp_padded.py):
 #: the first batch's longest 112 tokens, the data's 121, as in issue 28.
@@ -185,8 +185,8 @@ def test_a_loader_without_indexing_is_scanned_through_its_own_batches() -> None:
     import torch
     from torch.utils.data import DataLoader, IterableDataset
 
-    from launcher._framework_child import data_bound
-    from launcher._framework_child.answer import ANSWER
+    from launcher.capture.child import data_bound
+    from launcher.capture.child.answer import ANSWER
 
     class Stream(IterableDataset):
         def __iter__(self) -> Iterator[torch.Tensor]:

@@ -1,10 +1,10 @@
 """Framework scripts (Hugging Face Trainer, accelerate, Lightning) planned as the user wrote them.
 
 ``launch plan SCRIPT --json`` on such a script runs it up to where training starts (a child
-process with a time limit, launcher/_framework_child/), traces the model, optimizer and batch it
-built (launcher/_framework_recipe.py) and plans on that: ``model.source`` is ``traced`` without
-``--params``. The traced peak at the plan's micro-batch is checked against the framework's own
-training step, run for real on the CPU (``frameworks.measure_step``: the CPU allocator's record
+process with a time limit, launcher/capture/child/), traces the model, optimizer and batch it
+built (launcher/capture/recipe_template.py) and plans on that: ``model.source`` is ``traced``
+without ``--params``. The traced peak at the plan's micro-batch is checked against the framework's
+own training step, run for real on the CPU (``frameworks.measure_step``: the CPU allocator's record
 of two optimizer steps of the real Trainer, accelerate loop or Lightning fit), within 2%.
 
 Nine scripts are known here: the examples (examples/hf_trainer, examples/accelerate,
@@ -29,9 +29,9 @@ from typing import Any
 
 import pytest
 
+from launcher.capture.frameworks import Detected, detect, measure_step
 from launcher.cli import main
 from launcher.context import Environment
-from launcher.frameworks import Detected, detect, measure_step
 from launcher.recipe import classify
 from tests.fakes.record import record
 
@@ -172,7 +172,7 @@ def test_hf_trainer_is_recognised_through_module_attributes_and_subclasses(
 
 
 def test_recognising_a_script_imports_no_torch() -> None:
-    code = ("import sys; from pathlib import Path; from launcher.frameworks import detect; "
+    code = ("import sys; from pathlib import Path; from launcher.capture.frameworks import detect; "
             f"assert detect(Path({str(SCRIPTS['hf_example'][0])!r})).kind == 'hf_trainer'; "
             "assert 'torch' not in sys.modules and 'transformers' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO, timeout=60)
@@ -352,7 +352,7 @@ def _recipe_from(folder: Path, model: Any, batch: Any, capture: dict[str, Any]) 
 
     import torch
 
-    from launcher._framework_child.capture import MetaPickler
+    from launcher.capture.child.capture import MetaPickler
 
     folder.mkdir()
     with open(folder / "model.pkl", "wb") as handle:
@@ -360,7 +360,7 @@ def _recipe_from(folder: Path, model: Any, batch: Any, capture: dict[str, Any]) 
     torch.save(batch, folder / "batch.pt")
     (folder / "capture.json").write_text(json.dumps({
         "script": str(folder / "train.py"), "script_dir": str(folder), **capture}))
-    shutil.copyfile(REPO / "launcher" / "_framework_recipe.py", folder / "recipe.py")
+    shutil.copyfile(REPO / "launcher" / "capture/recipe_template.py", folder / "recipe.py")
     spec = importlib.util.spec_from_file_location(f"recipe_{folder.name}", folder / "recipe.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -410,7 +410,7 @@ def test_the_recipes_batches_are_the_captured_rows_at_any_size(tmp_path: Path) -
 
 
 def test_the_scripts_own_length_is_counted_as_its_framework_counts_it() -> None:
-    from launcher.frameworks import own_steps
+    from launcher.capture.frameworks import own_steps
 
     # the Trainer's epochs: ceil(epochs x ceil(batches / accumulation)), as run_clm.py's 1 epoch
     assert own_steps({"epochs": 1, "batches": 2, "accumulation": 1, "batch_size": 8}, 8) == (
@@ -438,7 +438,7 @@ def test_an_accelerate_loops_bounds_are_read_from_the_loops_around_backward(
     import importlib.util
     import sys as _sys
 
-    from launcher._framework_child.accelerate import _loop_counts
+    from launcher.capture.child.accelerate import _loop_counts
 
     script = tmp_path / "loops.py"
     script.write_text(

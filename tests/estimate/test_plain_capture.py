@@ -1,8 +1,8 @@
 """Plain PyTorch scripts planned as the user wrote them: no recipe hooks, no framework, no --params.
 
 ``launch plan train.py [-- ARGS]`` runs such a script with its own arguments in the capture child
-(launcher/_framework_child/plain.py) up to its first ``optimizer.step()``, and traces the model,
-batch, loss and optimizer it had built by then (launcher/_framework_recipe.py). The script's
+(launcher/capture/child/plain.py) up to its first ``optimizer.step()``, and traces the model,
+batch, loss and optimizer it had built by then (launcher/capture/recipe_template.py). The script's
 argparse tells which of its options is the batch size (the one whose value is the batch's rows),
 and the plan reaches the script through that flag: ``--batch-size N`` in the job's arguments, and
 an out-of-memory failure is resubmitted with a smaller one.
@@ -29,9 +29,9 @@ from typing import Any
 
 import pytest
 
+from launcher.capture.frameworks import Detected, measure_step
 from launcher.cli import main
 from launcher.context import Environment
-from launcher.frameworks import Detected, measure_step
 
 MNIST = '''
 import argparse
@@ -947,7 +947,7 @@ def test_an_oom_is_fixed_in_one_resubmission_through_the_scripts_batch_flag(tmp_
 
 def _learned(options: list[tuple[str, str, Any]], rows: int) -> tuple[dict[str, str], list[str]]:
     """The flags ``_learn_flags`` takes from a parser with ``options`` (flag, dest, value)."""
-    from launcher._framework_child import answer, plain
+    from launcher.capture.child import answer, plain
 
     saved_answer, saved_state = dict(answer.ANSWER), dict(answer.STATE)
     try:
@@ -1064,7 +1064,7 @@ def test_the_batch_dimension_is_the_models_word_and_a_doubt_is_said() -> None:
     first dimension (2, the layers) is taken, and the plan says it may not be the batch."""
     import torch
 
-    from launcher._framework_child import answer, batch_dim
+    from launcher.capture.child import answer, batch_dim
 
     inputs = {"args": [torch.zeros(35, 20, dtype=torch.long),
                        (torch.zeros(2, 20, 64), torch.zeros(2, 20, 64))], "kwargs": {},
@@ -1141,7 +1141,7 @@ def test_a_loop_accumulating_by_hand_is_captured_after_its_update_not_between_ba
         tmp_path: Path) -> None:
     """Three backwards, then the update: the forwards between them (weights unchanged) are no
     step boundary; the one after the update is, so the capture stops after exactly one update."""
-    from launcher.frameworks import capture
+    from launcher.capture.frameworks import capture
 
     script = tmp_path / "main.py"
     script.write_text(ACCUMULATED_BY_HAND)

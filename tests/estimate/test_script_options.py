@@ -1,5 +1,5 @@
 """A plain script's settings the other ways people write them: click options, environment
-variables, transformers' HfArgumentParser dataclasses (launcher/_framework_child/script_options.py).
+variables, transformers' HfArgumentParser dataclasses (launcher/capture/child/script_options.py).
 
 Each script is a loop as its style has it (none reads a ``LAUNCH_*`` variable): the capture must
 learn which of its settings is the batch (its value is the traced batch's rows), the plan must

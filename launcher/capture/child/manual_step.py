@@ -36,9 +36,9 @@ from typing import Any
 
 import torch
 
-from launcher._framework_child.answer import ANSWER, STATE, Stop, note, write_answer
-from launcher._framework_child.capture import own
-from launcher._framework_child.measure import stop_profile
+from launcher.capture.child.answer import ANSWER, STATE, Stop, note, write_answer
+from launcher.capture.child.capture import own
+from launcher.capture.child.measure import stop_profile
 
 #: What the capture writes for the update by hand: an optimizer of no state, updating in place.
 BY_HAND = {"class": "torch.optim.sgd.SGD", "name": "sgd", "by_hand": True,

@@ -34,24 +34,24 @@ from typing import Any
 
 import torch
 
-from launcher._framework_child.accelerate import (
+from launcher.capture.child.accelerate import (
     match_loss,
     output_loss,
     same_values,
     tensors_of,
 )
-from launcher._framework_child.answer import ANSWER, STATE, Stop, note, write_answer
-from launcher._framework_child.batch_dim import (
+from launcher.capture.child.answer import ANSWER, STATE, Stop, note, write_answer
+from launcher.capture.child.batch_dim import (
     find_batch_dim,
     record_batch_dim,
     watch_sequence_first,
 )
-from launcher._framework_child.capture import finish, leaves, own, save_optimizer
-from launcher._framework_child.data_bound import bounded_inputs, bounded_shape, record_loaders
-from launcher._framework_child.manual_step import watch_plain
-from launcher._framework_child.measure import start_profile, stop_profile
-from launcher._framework_child.on_the_cpu import patch_cuda
-from launcher._framework_child.script_options import env_options, patch_click, patch_environ
+from launcher.capture.child.capture import finish, leaves, own, save_optimizer
+from launcher.capture.child.data_bound import bounded_inputs, bounded_shape, record_loaders
+from launcher.capture.child.manual_step import watch_plain
+from launcher.capture.child.measure import start_profile, stop_profile
+from launcher.capture.child.on_the_cpu import patch_cuda
+from launcher.capture.child.script_options import env_options, patch_click, patch_environ
 from launcher.script_info import flag_text
 
 #: Option names that say "the batch size" (their dest, ``-`` as ``_``), best first.
@@ -67,7 +67,7 @@ _LR_DESTS = ("lr", "learning_rate", "base_lr")
 def patch_plain() -> None:
     """The hooks: argparse's parsed values, the top-level module calls, backward, and the first
     optimizer step (which stops the script)."""
-    from launcher._framework_child.pipeline import patch_pipeline, record_backward, record_call
+    from launcher.capture.child.pipeline import patch_pipeline, record_backward, record_call
 
     _patch_argparse()
     patch_click(STATE["plain_parsers"])
@@ -303,7 +303,7 @@ def _unwrapped(module: torch.nn.Module) -> torch.nn.Module:
 
 
 def _capture(optimizer: torch.optim.Optimizer) -> None:
-    from launcher._framework_child.pipeline import pipeline_step
+    from launcher.capture.child.pipeline import pipeline_step
 
     several = pipeline_step(optimizer, _scaled_from)  # an encoder and a decoder, say
     if several is not None:
@@ -435,7 +435,7 @@ def _scaled_from(loss: torch.Tensor, value: torch.Tensor, depth: int = 3) -> boo
 
 
 def _tensors(value: Any) -> list[torch.Tensor]:
-    from launcher._framework_child.capture import leaves
+    from launcher.capture.child.capture import leaves
 
     return leaves(value)
 
@@ -544,7 +544,7 @@ def _own_length(flags: dict[str, str], values: dict[str, Any], rows: int | None,
     """How long the script trains by its own options (``frameworks.own_steps`` counts it): its
     steps option's value, and/or its epochs option's value of the loader's batches. A loop
     counted some other way (nanoGPT's module-level ``max_iters``, ``while True``) is unknown."""
-    from launcher._framework_child.capture import length, samples_of
+    from launcher.capture.child.capture import length, samples_of
 
     loader = (STATE.get("loader_batch") or (None, None))[0]
     batches = None

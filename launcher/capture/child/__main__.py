@@ -1,4 +1,4 @@
-"""The entry point: ``python -m launcher._framework_child --script train.py --out DIR --kind K``.
+"""The entry point: ``python -m launcher.capture.child --script train.py --out DIR --kind K``.
 
 Patches the framework's entry points (``hf``, ``lightning``, ``accelerate``), runs the script as
 ``__main__`` and turns how it ended (a hook's ``Stop``, an exit, an error) into the answer's notes.
@@ -14,11 +14,11 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from launcher._framework_child.accelerate import patch_accelerate
-from launcher._framework_child.answer import ANSWER, STATE, Stop, note, write_answer
-from launcher._framework_child.hf import patch_transformers
-from launcher._framework_child.lightning import patch_lightning
-from launcher._framework_child.plain import patch_plain
+from launcher.capture.child.accelerate import patch_accelerate
+from launcher.capture.child.answer import ANSWER, STATE, Stop, note, write_answer
+from launcher.capture.child.hf import patch_transformers
+from launcher.capture.child.lightning import patch_lightning
+from launcher.capture.child.plain import patch_plain
 
 
 def _user_line(exc: BaseException, script: Path) -> str:
@@ -34,7 +34,7 @@ def _hardware() -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m launcher._framework_child")
+    parser = argparse.ArgumentParser(prog="python -m launcher.capture.child")
     parser.add_argument("--script", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--kind", required=True)

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from launcher._framework_child.answer import ANSWER, STATE, note, write_answer
+from launcher.capture.child.answer import ANSWER, STATE, note, write_answer
 
 #: Tensors other than parameters above this many bytes are pickled as meta tensors too.
 _KEEP_BUFFER_BYTES = 16 * 2**20
@@ -26,7 +26,7 @@ class MetaPickler(pickle.Pickler):
     def reducer_override(self, obj: Any) -> Any:
         if not isinstance(obj, torch.Tensor):
             return NotImplemented
-        from launcher.frameworks import meta_tensor
+        from launcher.capture.frameworks import meta_tensor
 
         shape = tuple(obj.shape)
         if isinstance(obj, torch.nn.Parameter):
@@ -145,8 +145,8 @@ def own(key: str, value: Any, how: str) -> None:
 def length(*, max_steps: int | None = None, epochs: float | None = None,
            batches: int | None = None, accumulation: int = 1, batch_size: int | None = None,
            samples: int | None = None, unknown: str = "") -> None:
-    """How long the script trains by its own settings (``launcher.frameworks.own_steps`` turns
-    it into the plan's steps): a maximum of optimizer steps, and/or epochs of ``batches``
+    """How long the script trains by its own settings (``launcher.capture.frameworks.own_steps``
+    turns it into the plan's steps): a maximum of optimizer steps, and/or epochs of ``batches``
     batches (``batch_size`` rows each, ``samples`` in all, ``accumulation`` a step);
     ``unknown``: why it cannot be known before it runs."""
     ANSWER["length"] = {k: v for k, v in (

@@ -1,8 +1,8 @@
 """The capture child: runs a framework script as ``__main__`` up to where training would start.
 
-``python -m launcher._framework_child --script train.py --out DIR --kind hf_trainer -- ARGS``
-runs ``train.py ARGS`` with hooks on the framework's entry points (``launcher.frameworks`` has
-the why). Each hook takes the model, optimizer, batch and settings, writes them to ``DIR`` and
+``python -m launcher.capture.child --script train.py --out DIR --kind hf_trainer -- ARGS``
+runs ``train.py ARGS`` with hooks on the framework's entry points (``launcher.capture.frameworks``
+has the why). Each hook takes the model, optimizer, batch and settings, writes them to ``DIR`` and
 raises ``Stop`` (a BaseException, so the script's own ``except Exception`` cannot swallow it):
 
 - ``capture.json``: what was found (``reached``: the hook ran), the step's recipe
@@ -11,8 +11,8 @@ raises ``Stop`` (a BaseException, so the script's own ``except Exception`` canno
   itself (``length``: max steps, epochs of its loader's batches, an accelerate loop's bounds),
   notes;
 - ``model.pkl``: the model, pickled with every parameter (and any tensor over 16 MiB) as a
-  ``meta`` tensor of its shape and dtype (``launcher.frameworks.meta_tensor``); small buffers keep
-  their values (a rotary embedding's frequencies);
+  ``meta`` tensor of its shape and dtype (``launcher.capture.frameworks.meta_tensor``); small
+  buffers keep their values (a rotary embedding's frequencies);
 - ``batch.pt``: one batch from the framework's own dataloader (after its collator), the largest
   its data makes where its batches vary in shape (``data_bound``, with a note);
 - ``config.json``: the config of the largest Hugging Face model built on the way, written as

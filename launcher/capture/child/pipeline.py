@@ -33,7 +33,7 @@ step is rebuilt as the loop ran it instead:
   parameters is rebuilt: one of the same class as all of them, with one parameter group each
   where their settings differ, so the trace holds the states of all of them.
 
-The recipe (``_framework_recipe.PipelineStep``) replays the calls in one wrapper module, so DDP
+The recipe (``recipe_template.PipelineStep``) replays the calls in one wrapper module, so DDP
 and FSDP see one forward and the optimizer gets every stage's parameters.
 """
 
@@ -45,7 +45,7 @@ from typing import Any
 
 import torch
 
-from launcher._framework_child.answer import ANSWER, STATE, Stop, note, write_answer
+from launcher.capture.child.answer import ANSWER, STATE, Stop, note, write_answer
 
 #: JSON values kept in a call's arguments as they are.
 _PLAIN = (bool, int, float, str, type(None))
@@ -100,7 +100,7 @@ class _RecordOps(torch.overrides.TorchFunctionMode):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         if _recording():
-            from launcher._framework_child.capture import leaves
+            from launcher.capture.child.capture import leaves
 
             produced = STATE.setdefault("pipeline_produced", set())
             if any(id(t) in produced for t in leaves([list(args), kwargs])):
@@ -111,7 +111,7 @@ class _RecordOps(torch.overrides.TorchFunctionMode):
 
 def record_call(module: torch.nn.Module, args: tuple, kwargs: dict, out: Any) -> None:
     """A top-level call with gradients, in order, until the next ``backward`` closes them."""
-    from launcher._framework_child.capture import leaves
+    from launcher.capture.child.capture import leaves
 
     STATE.setdefault("pipeline_pending", []).append(("call", module, args, kwargs, out))
     STATE.setdefault("pipeline_produced", set()).update(id(t) for t in leaves(out))
@@ -150,7 +150,7 @@ Entry = tuple[str, Any, tuple, dict, Any]
 def _step_entries(loss: torch.Tensor) -> tuple[list[Entry], list[torch.nn.Module]]:
     """The step's calls of modules whose parameters the loss reaches, and the loop's operations
     their inputs need, in order; and those modules."""
-    from launcher._framework_child.capture import leaves
+    from launcher.capture.child.capture import leaves
 
     reached = _graph_parameters(loss)
     recorded: list[Entry] = list(STATE.get("pipeline_step") or ())
@@ -283,8 +283,8 @@ def pipeline_step(optimizer: torch.optim.Optimizer, scaled_from: ScaledFrom
 
 def _replayed_step(entries: list[Entry], modules: list[torch.nn.Module],
                    scaled_from: ScaledFrom) -> tuple[dict[str, Any], dict[str, Any]]:
-    from launcher._framework_child.capture import leaves
-    from launcher._framework_child.data_bound import bounded_inputs, bounded_shape
+    from launcher.capture.child.capture import leaves
+    from launcher.capture.child.data_bound import bounded_inputs, bounded_shape
 
     flow = _Flow()
     position = {id(m): i for i, m in enumerate(modules)}
@@ -324,7 +324,7 @@ def _loss(calls: list[Entry], flow: _Flow, rows: int | None, batch: dict[str, An
     is a batch input (``target_input``) or a tensor of the loop's own (``batch["extra"]``)."""
     import torch.nn.functional as F
 
-    from launcher._framework_child.accelerate import match_loss, output_loss, same_values
+    from launcher.capture.child.accelerate import match_loss, output_loss, same_values
 
     loss = STATE["plain_loss"]
     frame = {name: value for name, value in (STATE.get("plain_frame") or {}).items()
@@ -368,7 +368,7 @@ def _nll_first(out: Any, frame: dict[str, torch.Tensor], loss: torch.Tensor, F: 
     ``match_loss`` tries it first, but it makes one more log-softmax of the whole output and
     its gradient (+3.5% on seq2seq). An ``NllLossBackward0`` whose input is not a
     ``LogSoftmaxBackward0`` made after the output was an ``nll_loss``."""
-    from launcher._framework_child.accelerate import same_values
+    from launcher.capture.child.accelerate import same_values
 
     output, which = _output_and_kind(out)
     node = loss.grad_fn
@@ -408,7 +408,7 @@ def _optimizers(first: torch.optim.Optimizer, modules: list[torch.nn.Module]) ->
     """The optimizers holding the step's parameters, rebuilt as one (``save_optimizer``): of
     their class, with one parameter group each (by the parameters' places in the stages'
     order) where their settings differ."""
-    from launcher._framework_child.capture import save_optimizer
+    from launcher.capture.child.capture import save_optimizer
 
     params = list({id(p): p for m in modules for p in m.parameters()}.values())
     place = {id(p): i for i, p in enumerate(params)}

@@ -12,8 +12,8 @@ from typing import Any
 
 import torch
 
-from launcher._framework_child.answer import ANSWER, STATE, Stop, note, write_answer
-from launcher._framework_child.capture import (
+from launcher.capture.child.answer import ANSWER, STATE, Stop, note, write_answer
+from launcher.capture.child.capture import (
     finish,
     leaves,
     length,
@@ -21,8 +21,8 @@ from launcher._framework_child.capture import (
     samples_of,
     save_optimizer,
 )
-from launcher._framework_child.data_bound import bounded, bounded_shape
-from launcher._framework_child.measure import start_profile, stop_profile
+from launcher.capture.child.data_bound import bounded, bounded_shape
+from launcher.capture.child.measure import start_profile, stop_profile
 
 
 def patch_accelerate() -> None:
@@ -346,7 +346,7 @@ def match_loss(out: Any, batch: Any, loss: torch.Tensor, F: Any) -> dict[str, An
 
 def _apply_loss(F: Any, name: str, output: torch.Tensor, target: torch.Tensor,
                 flatten: bool) -> torch.Tensor:
-    """The same as the recipe's ``_loss_function`` (launcher/_framework_recipe.py)."""
+    """The same as the recipe's ``_loss_function`` (launcher/capture/recipe_template.py)."""
     if flatten:
         output, target = output.reshape(-1, output.shape[-1]), target.reshape(-1)
     if name in ("mse_loss", "l1_loss", "binary_cross_entropy_with_logits"):

@@ -41,8 +41,8 @@ from typing import Any
 
 import torch
 
-from launcher._framework_child.answer import ANSWER, STATE, note
-from launcher._framework_child.capture import leaves
+from launcher.capture.child.answer import ANSWER, STATE, note
+from launcher.capture.child.capture import leaves
 
 #: The batch sizes seen by batched calls of sequence-first modules, most recent last.
 _SEEN = "sequence_first_rows"
@@ -175,7 +175,7 @@ def flattened(tensor: torch.Tensor, found: BatchDim) -> list[int] | None:
 
 
 def layout_of(tensor: torch.Tensor, found: BatchDim) -> dict[str, Any] | None:
-    """How the recipe resizes ``tensor`` with the batch (``_framework_recipe._resized``):
+    """How the recipe resizes ``tensor`` with the batch (``recipe_template._resized``):
     ``{"dim": d}`` along its batch dimension, ``{"dim": d, "flat": [...]}`` as the input's
     leading dimensions flattened, None when it is not the batch's (copied as it is)."""
     if found.rows is None or tensor.dim() == 0:

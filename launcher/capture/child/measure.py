@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from launcher._framework_child.answer import STATE, Stop
+from launcher.capture.child.answer import STATE, Stop
 
 
 def start_profile() -> None:

@@ -10,10 +10,10 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from launcher._framework_child.answer import ANSWER, STATE, Stop, note
-from launcher._framework_child.capture import finish, length, own, samples_of, save_optimizer
-from launcher._framework_child.data_bound import bounded
-from launcher._framework_child.measure import measure
+from launcher.capture.child.answer import ANSWER, STATE, Stop, note
+from launcher.capture.child.capture import finish, length, own, samples_of, save_optimizer
+from launcher.capture.child.data_bound import bounded
+from launcher.capture.child.measure import measure
 
 #: from_pretrained's arguments about loading weights, not about the config.
 _MODEL_ONLY = {"torch_dtype", "dtype", "attn_implementation", "device_map", "low_cpu_mem_usage",

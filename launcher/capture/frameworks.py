@@ -4,7 +4,7 @@
 A framework script is neither a recipe (it defines no ``build_model``) nor a plain script that
 needs ``--params``: it builds its own model, optimizer and data, and hands them to the framework.
 So launch runs it, unmodified, as ``__main__`` in a child process with a time limit
-(``launcher._framework_child``), up to the point where training would start:
+(``launcher.capture.child``), up to the point where training would start:
 
 - Hugging Face: ``Trainer.train`` (the Trainer holds the model, its ``TrainingArguments`` and its
   train dataloader);
@@ -17,10 +17,10 @@ There it takes what a trace needs and stops the script: the model's structure (p
 weights as ``meta`` tensors: nothing is copied, a 7B model pickles in kilobytes), one batch from
 the framework's own dataloader, the optimizer's class and settings, and the framework's settings
 (batch size, accumulation, precision). ``write_recipe`` turns that into a recipe
-(``launcher/_framework_recipe.py``, copied next to the capture) which the traced estimator runs
-like any other. A script that does not get there (it exits, errors, or runs past the time limit)
-keeps what was found on the way (a Hugging Face model's config) for the analytic estimate, with
-a note that says why.
+(``launcher/capture/recipe_template.py``, copied next to the capture) which the traced estimator
+runs like any other. A script that does not get there (it exits, errors, or runs past the time
+limit) keeps what was found on the way (a Hugging Face model's config) for the analytic estimate,
+with a note that says why.
 
 The job runs the script unmodified too, through ``launch_framework.py`` (rendered from
 ``trainer_templates/framework.py.j2``), which gives the framework the plan through its own
@@ -60,7 +60,7 @@ DEFAULT_CAPTURE_TIMEOUT_S = 180.0
 #: The Hugging Face Trainer classes (transformers' own and TRL's, which subclass it).
 _HF_TRAINERS = {"Trainer", "Seq2SeqTrainer", "SFTTrainer", "DPOTrainer", "RewardTrainer"}
 _LIGHTNING_MODULES = ("lightning", "lightning.pytorch", "pytorch_lightning")
-_RECIPE_TEMPLATE = Path(__file__).with_name("_framework_recipe.py")
+_RECIPE_TEMPLATE = Path(__file__).with_name("recipe_template.py")
 
 
 @dataclass(frozen=True)
@@ -191,7 +191,7 @@ def capture(
         folder = folder / digest
         shutil.rmtree(folder, ignore_errors=True)  # never an older capture taken for this one
         folder.mkdir(parents=True, exist_ok=True)
-    args = [python, "-m", "launcher._framework_child", "--script", str(path),
+    args = [python, "-m", "launcher.capture.child", "--script", str(path),
             "--out", str(folder), "--kind", detected.kind,
             "--modules", ",".join(detected.modules)]
     if not hardware:
@@ -246,7 +246,7 @@ def _run(args: list[str], *, environ: dict[str, str], cwd: Path, timeout: float)
     from launcher import processes
 
     child_env = processes.user_environ(dict(environ))  # it runs the user's code: no credentials
-    package_root = str(Path(__file__).resolve().parent.parent)
+    package_root = str(Path(__file__).resolve().parents[2])  # the folder launcher/ is in
     child_env["PYTHONPATH"] = os.pathsep.join(
         p for p in (package_root, child_env.get("PYTHONPATH", "")) if p)
     child_env.setdefault("OMP_NUM_THREADS", "1")
@@ -316,7 +316,7 @@ def inspect_plain(path: Path, *, python: str = sys.executable, env: dict[str, st
                   folder: Path | None = None) -> Any:
     """``launcher.recipe.inspect_script`` for a plain PyTorch script (no recipe hooks, no
     framework): run as it is, with its own arguments, up to its first optimizer step
-    (``_framework_child/plain.py``), and traced through the recipe made from what it built, as
+    (``capture/child/plain.py``), and traced through the recipe made from what it built, as
     a framework script is. It stays a plain script (``framework`` None: the job runs it as it
     is); its batch size is its own global batch, and the flag it reads it from (its argparse)
     is how the plan reaches it (``flags``). A script that does not get there keeps its notes:
@@ -362,7 +362,7 @@ def own_steps(length: dict[str, Any], global_batch: int | None) -> tuple[int | N
     batch, and how that was found (words for the plan); None when it cannot be known before it
     runs (an accelerate loop that stops itself, epochs of a dataset without a length).
 
-    ``length`` is the capture's (``_framework_child.capture.length``): ``max_steps`` and/or
+    ``length`` is the capture's (``capture.child.capture.length``): ``max_steps`` and/or
     ``epochs`` of ``batches`` batches, ``accumulation`` a step, counted as the Trainer and
     Lightning count them (ceil(epochs x ceil(batches / accumulation)), the first of the two
     limits). At a global batch other than the script's own (micro-batch x accumulation, one
@@ -461,7 +461,7 @@ def measure_step(path: Path, detected: Detected, *, argv: tuple[str, ...] | list
     truth for a framework script's traced estimate; it uses real memory, keep models small."""
     folder = Path(tempfile.mkdtemp(prefix="launch-framework-measure-"))
     try:
-        args = [python, "-m", "launcher._framework_child", "--script", str(path.resolve()),
+        args = [python, "-m", "launcher.capture.child", "--script", str(path.resolve()),
                 "--out", str(folder), "--kind", detected.kind,
                 "--modules", ",".join(detected.modules), "--measure", "--no-hardware"]
         _run(args + ["--", *argv], environ=dict(env if env is not None else os.environ),

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from launcher._framework_child.answer import ANSWER, STATE, note, write_answer
+from launcher.capture.child.answer import ANSWER, STATE, note, write_answer
 
 _TRACED_AT = "the loader's batches vary in shape: traced at the largest the data makes, "
 #: The scan's time bound (seconds) and how many of the loader's batches it iterates at most.
@@ -57,7 +57,7 @@ def _size(value: Any) -> int:
 
 
 def _leaves(value: Any) -> list[Any]:
-    from launcher._framework_child.capture import leaves
+    from launcher.capture.child.capture import leaves
 
     return leaves(value)
 

@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from launcher._framework_child.answer import ANSWER, STATE
+from launcher.capture.child.answer import ANSWER, STATE
 
 #: How an environment variable's option is named: ``$BATCH_SIZE`` (``script_info.ENV_PREFIX``).
 ENV_PREFIX = "$"

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from launcher._framework_child.answer import ANSWER, STATE
+from launcher.capture.child.answer import ANSWER, STATE
 
 
 def patch_cuda() -> None:

@@ -1,7 +1,7 @@
 """``capture.json`` and the state the hooks share: what was found so far, written as it is found.
 
-``ANSWER`` is the capture's answer (``launcher.frameworks`` reads it), ``STATE`` the run's own
-bookkeeping (the output folder, the script, what a hook saw); ``Stop`` ends the script where
+``ANSWER`` is the capture's answer (``launcher.capture.frameworks`` reads it), ``STATE`` the run's
+own bookkeeping (the output folder, the script, what a hook saw); ``Stop`` ends the script where
 training would start.
 """
 

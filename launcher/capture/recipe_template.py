@@ -1,6 +1,6 @@
-"""A launch recipe for a framework script, from what ``launcher.frameworks.capture`` found.
+"""A launch recipe for a framework script, from what ``launcher.capture.frameworks.capture`` found.
 
-``launcher.frameworks`` copies this file, unchanged, next to a capture (``capture.json``,
+``launcher.capture.frameworks`` copies this file, unchanged, next to a capture (``capture.json``,
 ``model.pkl``, ``batch.pt``); the traced estimator then runs it like any recipe. Nothing of the
 user's script runs again but its definitions (imports, classes and functions, when the pickled
 model names a class of the script's own): the model is the one the script built, unpickled with
@@ -13,13 +13,13 @@ and the step the framework would run:
   dict), through a wrapper module so that DDP and FSDP see one forward;
 - accelerate: the model called with the batch as the loop called it, and the loss the loop took:
   the model's own, or the loss function of its output that the capture matched by value;
-- a plain PyTorch script (``_framework_child/plain.py``): the model called with the inputs of its
+- a plain PyTorch script (``capture/child/plain.py``): the model called with the inputs of its
   last call before the first optimizer step, and the loop's loss found the same way (or an
   element of the output tuple, nanoGPT's ``logits, loss``). Its batch is resized along its own
   batch dimension, tensor by tensor (``batch_layout``: dimension 1 of a sequence-first loop's
   ``[seq, batch]`` tokens and ``[layers, batch, hidden]`` state, a flattened ``[seq * batch]``
-  target as the dimensions it was flattened from; ``_framework_child/batch_dim.py``);
-- a plain script whose step runs several modules (``_framework_child/pipeline.py``: an encoder
+  target as the dimensions it was flattened from; ``capture/child/batch_dim.py``);
+- a plain script whose step runs several modules (``capture/child/pipeline.py``: an encoder
   and a decoder): their calls, and the loop's operations between them, replayed in order by
   one wrapper module, ``PipelineStep``.
 
@@ -159,7 +159,7 @@ class LightningStep(torch.nn.Module):
 
 
 class PipelineStep(torch.nn.Module):
-    """A step of several modules (``_framework_child/pipeline.py``) as one forward: each call
+    """A step of several modules (``capture/child/pipeline.py``) as one forward: each call
     made as the loop made it, its arguments the batch's inputs, earlier calls' outputs or the
     values the loop gave. One module, so that DDP and FSDP wrap the whole step and the optimizer
     is given every stage's parameters.
@@ -339,7 +339,7 @@ def _resized(batch_size: int) -> Any:
 def _resized_along(value: torch.Tensor, layout: dict[str, Any] | None, rows: int,
                    batch_size: int) -> torch.Tensor:
     """One tensor of a plain capture at ``batch_size`` rows, as its layout says
-    (``_framework_child/batch_dim.py``): along its batch dimension (1 for a sequence-first
+    (``capture/child/batch_dim.py``): along its batch dimension (1 for a sequence-first
     loop's ``[seq, batch]`` input and ``[layers, batch, hidden]`` state), or, for a target the
     loop flattened (``[seq * batch]``), as the input's leading dimensions it was flattened from;
     a tensor that is not the batch's is copied as it is."""
@@ -390,7 +390,7 @@ def _call(model: torch.nn.Module, batch: Any, call: dict[str, Any]) -> Any:
 
 def _loss_function(name: str, output: torch.Tensor, target: torch.Tensor, flatten: bool
                    ) -> torch.Tensor:
-    """The same as the capture's ``_apply_loss`` (launcher/_framework_child/accelerate.py)."""
+    """The same as the capture's ``_apply_loss`` (launcher/capture/child/accelerate.py)."""
     import torch.nn.functional as F
 
     if flatten:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from launcher._framework_child.answer import ANSWER, STATE, Stop, note
-from launcher._framework_child.capture import (
+from launcher.capture.child.answer import ANSWER, STATE, Stop, note
+from launcher.capture.child.capture import (
     finish,
     first_optimizer,
     length,
@@ -14,8 +14,8 @@ from launcher._framework_child.capture import (
     samples_of,
     save_optimizer,
 )
-from launcher._framework_child.data_bound import bounded
-from launcher._framework_child.measure import measure
+from launcher.capture.child.data_bound import bounded
+from launcher.capture.child.measure import measure
 
 
 def patch_lightning(modules: list[str]) -> None:
