@@ -32,7 +32,7 @@ from launcher.options import check_environment, env_flag, env_seconds, env_word
 from launcher.plan.plan import Memory
 from launcher.plan.planner import PlanResult, plan
 from launcher.plan.targets import calibrated, cloud_targets, local_target
-from launcher.script_info import ScriptInfo
+from launcher.script_info import ScriptInfo, plain_reads
 from launcher.spec import Spec
 from launcher.status import UsageError
 
@@ -302,7 +302,19 @@ def preflight(spec: Spec, info: ScriptInfo, state_dir: Path | None = None,
     # checkpointed by the template, which needs its wrap_modules() whatever describes it.
     can_checkpoint = remedies.can_checkpoint(
         info.hooks, described=described and info.mode == "script")
+    reads = plain_reads(spec) if info.captured else None
+    if reads is not None and not {*remedies.REACHED_BY[remedies.CHECKPOINTING.name],
+                                  "LAUNCH_PLAN"} & reads:
+        # A captured plain script runs as it is: its blocks are checkpointed only where it reads
+        # the plan's checkpointing itself, so no plan of it is checkpointed (nor traced so: one
+        # trace, not two, of its step)
+        can_checkpoint = False
     pinned = _pinned_checkpointing(spec)
+    if pinned not in (None, "none") and not can_checkpoint and reads is not None:
+        raise UsageError(
+            f"{spec.script.name} runs as it is and reads neither LAUNCH_CHECKPOINTING nor "
+            f"LAUNCH_PLAN, so launch cannot checkpoint its blocks ({pinned} checkpointing was "
+            "asked for)", "checkpoint them in the script (torch.utils.checkpoint), or drop the pin")
     if pinned not in (None, "none") and not can_checkpoint:
         raise UsageError(
             f"{spec.script.name} defines no wrap_modules(), so its blocks cannot be "

@@ -135,3 +135,37 @@ def test_a_described_script_is_planned_as_described_and_told_where_its_code_disa
     fsdp = cli("plan", str(_write(tmp_path, "fsdp.py", OWN_FSDP)), "--params", "70B",
                "--provider", "vertex", "--json").json()
     assert not any("shows no code" in n for n in fsdp["notes"])
+
+
+BLOCKS = """
+import torch
+import torch.nn as nn
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.mlp = nn.Sequential(nn.Linear(16, 64), nn.GELU(), nn.Linear(64, 16))
+
+    def forward(self, x):
+        return x + self.mlp(x)
+
+
+model = nn.Sequential(*[Block() for _ in range(4)])
+"""
+
+
+def test_a_captured_script_that_reads_no_plan_is_never_checkpointed(cli, tmp_path):
+    """Its blocks are found (the capture names them), but the script runs as it is: launch
+    cannot checkpoint them, so no plan of it is checkpointed, and a pin is refused in one line
+    (before, the plan said "full checkpointing" for a script that would run without it)."""
+    script = _write(tmp_path, "train.py", BLOCKS + LOOP)
+    result = cli("plan", str(script), "--provider", "vertex", "--json", "--all",
+                 environ=_capture_env())
+    assert result.status == ExitStatus.SUCCESS, result.stderr
+    plans = result.json()["plans"]
+    assert plans and {p["checkpointing"] for p in plans} == {"none"}
+    pinned = cli("plan", str(script), "--checkpointing", "full", environ=_capture_env())
+    assert pinned.status == ExitStatus.USAGE
+    assert "train.py runs as it is and reads neither LAUNCH_CHECKPOINTING" in pinned.stderr
+    assert "Traceback" not in pinned.stderr
