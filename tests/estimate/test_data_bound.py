@@ -11,10 +11,7 @@ loader with constant shapes changes nothing and adds no note.
 from __future__ import annotations
 
 import importlib.util
-import io
 import json
-import os
-import sys
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -23,8 +20,7 @@ from typing import Any
 import pytest
 
 from launcher.capture.frameworks import detect, measure_step
-from launcher.cli import main
-from launcher.context import Environment
+from tests.fakes.in_process import launch as _launch
 
 #: accelerate's nlp_example as it pads (tests/fixtures/frameworks/accelerate_nlp_padded.py):
 #: the first batch's longest 112 tokens, the data's 121, as in issue 28.
@@ -85,14 +81,6 @@ for epoch in range(1):
 _VARY = "the loader's batches vary in shape"
 
 
-def _launch(args: list[str], cwd: Path) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    env = Environment(stdout=out, stderr=err, cwd=cwd,
-                      environ={**os.environ, "LAUNCH_STATE_DIR": str(cwd / "state"),
-                               "LAUNCH_NO_TRACE": "0"},
-                      python=sys.executable)
-    status = main(args, env)
-    return int(status), out.getvalue(), err.getvalue()
 
 
 @pytest.fixture(scope="module")

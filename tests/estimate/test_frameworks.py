@@ -17,7 +17,6 @@ nine and reports each script's traced and real peaks.
 
 from __future__ import annotations
 
-import io
 import os
 import subprocess
 import sys
@@ -30,9 +29,8 @@ from typing import Any
 import pytest
 
 from launcher.capture.frameworks import Detected, detect, measure_step
-from launcher.cli import main
-from launcher.context import Environment
 from launcher.recipe import classify
+from tests.fakes.in_process import launch as _launch
 from tests.fakes.record import record
 
 REPO = Path(__file__).resolve().parents[2]
@@ -62,15 +60,6 @@ _PACKAGES = {"hf_trainer": "transformers", "accelerate": "accelerate", "lightnin
 NOTES = {"hf_classifier": "no local weights for"}
 
 
-def _launch(args: list[str], state: Path, environ: dict[str, str] | None = None
-            ) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    env = Environment(stdout=out, stderr=err, cwd=state,
-                      environ={**os.environ, "LAUNCH_STATE_DIR": str(state / "state"),
-                               "LAUNCH_NO_TRACE": "0", **(environ or {})},
-                      python=sys.executable)
-    status = main(args, env)
-    return int(status), out.getvalue(), err.getvalue()
 
 
 class Runs:

@@ -17,11 +17,8 @@ child and traces: seconds of CPU that overlap).
 # ruff: noqa: E501  (the scripts below keep their public originals' lines as they are)
 from __future__ import annotations
 
-import io
 import json
-import os
 import runpy
-import sys
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -30,8 +27,7 @@ from typing import Any
 import pytest
 
 from launcher.capture.frameworks import Detected, measure_step
-from launcher.cli import main
-from launcher.context import Environment
+from tests.fakes.in_process import launch as _launch
 
 MNIST = '''
 import argparse
@@ -652,15 +648,6 @@ for epoch in range(args.epochs):
 '''
 
 
-def _launch(args: list[str], cwd: Path, environ: dict[str, str] | None = None
-            ) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    env = Environment(stdout=out, stderr=err, cwd=cwd,
-                      environ={**os.environ, "LAUNCH_STATE_DIR": str(cwd / "state"),
-                               "LAUNCH_NO_TRACE": "0", **(environ or {})},
-                      python=sys.executable)
-    status = main(args, env)
-    return int(status), out.getvalue(), err.getvalue()
 
 
 class Runs:

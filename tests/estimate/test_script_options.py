@@ -9,10 +9,7 @@ click option in its arguments, a variable in its environment.
 
 from __future__ import annotations
 
-import io
 import json
-import os
-import sys
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -20,8 +17,7 @@ from typing import Any
 
 import pytest
 
-from launcher.cli import main
-from launcher.context import Environment
+from tests.fakes.in_process import launch as _launch
 
 CLICK = '''
 import click
@@ -116,14 +112,6 @@ if __name__ == "__main__":
 '''
 
 
-def _launch(args: list[str], cwd: Path) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    env = Environment(stdout=out, stderr=err, cwd=cwd,
-                      environ={**os.environ, "LAUNCH_STATE_DIR": str(cwd / "state"),
-                               "LAUNCH_NO_TRACE": "0"},
-                      python=sys.executable)
-    status = main(args, env)
-    return int(status), out.getvalue(), err.getvalue()
 
 
 class Runs:
