@@ -179,17 +179,19 @@ class PipelineStep(torch.nn.Module):
     def forward(self, batch: dict[str, Any]) -> Any:
         inputs = batch["inputs"]
         outs: list[Any] = []
-        held = self._held_shapes is not None
+        sizes = [len(t) for t in inputs if isinstance(t, torch.Tensor) and t.dim() > 0]
+        # the batch's rows as the capture counted them (the commonest first dimension)
+        rows = (max(set(sizes), key=sizes.count) if sizes else None, _capture().get("batch_size"))
+        held = self._held_shapes is not None and rows[0] is not None
         if held:
-            rows = len(_first_rows(inputs))
-            if self._held and self._held[0] != rows:
+            rows_now = rows[0]
+            if self._held and self._held[0] != rows_now:
                 self._held.clear()
             if not self._held:
-                self._held[:] = [rows, *([torch.empty(_rows(shape, rows),
+                self._held[:] = [rows_now, *([torch.empty(_rows(shape, rows_now),
                                                       dtype=getattr(torch, dtype))
                                           for shape, dtype in shapes]
                                          for shapes in self._held_shapes)]
-        rows = (len(_first_rows(inputs)), _capture().get("batch_size"))
         for index, call in enumerate(self._calls):
             # a module's call, or the loop's own operation on earlier outputs (``h[:, -1]``)
             run = self.stages[call["module"]] if "module" in call else _operation(call["op"])
@@ -226,7 +228,7 @@ def _replayed(spec: dict[str, Any], inputs: list[Any], outs: list[Any],
         items = [_replayed(v, inputs, outs, rows) for v in spec["list"]]
         return tuple(items) if spec.get("tuple") else items
     if "size" in spec:
-        return rows[0] if spec["size"] == rows[1] else spec["size"]
+        return rows[0] if rows[0] is not None and spec["size"] == rows[1] else spec["size"]
     if "slice" in spec:
         return slice(*(_replayed(v, inputs, outs, rows) for v in spec["slice"]))
     if "ellipsis" in spec:
