@@ -26,6 +26,11 @@ and the step the framework would run:
 ``build_optimizer`` rebuilds the optimizer the framework made (its class and settings), so the
 trace holds the state that optimizer holds. Imported from launcher/ as a module it does nothing:
 there is no capture next to it.
+
+Over 600 lines on purpose: it is copied, as one file, beside each capture, and imports nothing
+of launcher, so that a capture folder is a recipe on its own (traced, measured or read again from
+the folder alone); each kind of step it replays (Trainer, Lightning, accelerate, plain, a
+pipeline of modules) is one function of it.
 """
 
 from __future__ import annotations
@@ -182,17 +187,19 @@ class PipelineStep(torch.nn.Module):
     def forward(self, batch: dict[str, Any]) -> Any:
         inputs = batch["inputs"]
         outs: list[Any] = []
-        held = self._held_shapes is not None
+        sizes = [len(t) for t in inputs if isinstance(t, torch.Tensor) and t.dim() > 0]
+        # the batch's rows as the capture counted them (the commonest first dimension)
+        rows = (max(set(sizes), key=sizes.count) if sizes else None, _capture().get("batch_size"))
+        held = self._held_shapes is not None and rows[0] is not None
         if held:
-            rows = len(_first_rows(inputs))
-            if self._held and self._held[0] != rows:
+            rows_now = rows[0]
+            if self._held and self._held[0] != rows_now:
                 self._held.clear()
             if not self._held:
-                self._held[:] = [rows, *([torch.empty(_rows(shape, rows),
+                self._held[:] = [rows_now, *([torch.empty(_rows(shape, rows_now),
                                                       dtype=getattr(torch, dtype))
                                           for shape, dtype in shapes]
                                          for shapes in self._held_shapes)]
-        rows = (len(_first_rows(inputs)), _capture().get("batch_size"))
         for index, call in enumerate(self._calls):
             # a module's call, or the loop's own operation on earlier outputs (``h[:, -1]``)
             run = self.stages[call["module"]] if "module" in call else _operation(call["op"])
@@ -229,7 +236,7 @@ def _replayed(spec: dict[str, Any], inputs: list[Any], outs: list[Any],
         items = [_replayed(v, inputs, outs, rows) for v in spec["list"]]
         return tuple(items) if spec.get("tuple") else items
     if "size" in spec:
-        return rows[0] if spec["size"] == rows[1] else spec["size"]
+        return rows[0] if rows[0] is not None and spec["size"] == rows[1] else spec["size"]
     if "slice" in spec:
         return slice(*(_replayed(v, inputs, outs, rows) for v in spec["slice"]))
     if "ellipsis" in spec:
@@ -510,7 +517,7 @@ def _first_rows(batch: Any) -> torch.Tensor:
     return next(v for v in values if isinstance(v, torch.Tensor) and v.dim() > 0)
 
 
-def build_optimizer(params: Any) -> torch.optim.Optimizer:
+def build_optimizer(params: Any) -> torch.optim.Optimizer | Optimizers:
     """The framework's optimizer, rebuilt from its class and the settings it was made with."""
     spec = _capture()["optimizer"]
     cls = _resolve(spec["class"])
@@ -519,25 +526,83 @@ def build_optimizer(params: Any) -> torch.optim.Optimizer:
     if not any(p.kind is p.VAR_KEYWORD for p in accepted.values()):
         settings = {k: v for k, v in settings.items() if k in accepted}
     params = list(params)
-    groups = _groups(spec.get("groups"), params)
+    ordered = _stage_parameters(params) if spec.get("groups") or spec.get("parts") else None
+    if ordered is not None and spec.get("parts"):
+        return Optimizers([_rebuilt(part["class"], part.get("defaults") or {},
+                                    _group_dicts(part["groups"], ordered))
+                           for part in spec["parts"]])
+    groups = _group_dicts(spec.get("groups") or [], ordered) if ordered is not None else []
     return cls(groups or params, **settings)
 
 
-def _groups(groups: list[dict[str, Any]] | None, params: list[Any]) -> list[dict[str, Any]]:
-    """The parameter groups of a step's several optimizers of one class with different settings
-    (``pipeline._optimizers``), by the parameters' places in the stages' order; none (one group
-    of the first's settings) where ``params`` are not the built model's own (FSDP's flat ones)."""
-    model = _built[0]() if groups and _built else None
+def _rebuilt(name: str, defaults: dict[str, Any], groups: list[dict[str, Any]]) -> Any:
+    cls = _resolve(name)
+    accepted = inspect.signature(cls.__init__).parameters
+    if not any(p.kind is p.VAR_KEYWORD for p in accepted.values()):
+        defaults = {k: v for k, v in defaults.items() if k in accepted}
+    return cls(groups, **{k: tuple(v) if isinstance(v, list) else v
+                          for k, v in defaults.items()})
+
+
+def _stage_parameters(params: list[Any]) -> list[Any] | None:
+    """The built model's parameters in the order the capture numbered them (its stages'), or
+    None where ``params`` are not those (FSDP's flat ones): a step's several optimizers
+    (``pipeline._optimizers``) are then one of the first's settings."""
+    model = _built[0]() if _built else None
     if model is None:
-        return []
+        return None
     stages = model.stages if isinstance(model, PipelineStep) else model
     ordered = list({id(p): p for p in stages.parameters()}.values())
     given = {id(p) for p in params}
     if any(id(p) not in given for p in ordered if p.requires_grad):
-        return []
+        return None
+    return ordered
+
+
+def _group_dicts(groups: list[dict[str, Any]], ordered: list[Any]) -> list[dict[str, Any]]:
+    """Parameter groups from their captured settings and the parameters' places."""
     return [{**{k: tuple(v) if isinstance(v, list) else v for k, v in g["settings"].items()},
              "params": [ordered[i] for i in g["params"] if ordered[i].requires_grad]}
             for g in groups if g["params"]]
+
+
+class Optimizers:
+    """A step's optimizers of different classes (an Adam for the encoder, an SGD for the
+    decoder) as the one optimizer a launch step holds: each steps its own parameters and keeps
+    its own states; ``defaults`` are the first's (which the tracer reads for ``foreach``)."""
+
+    def __init__(self, parts: list[torch.optim.Optimizer]) -> None:
+        self.parts = parts
+        self.defaults = parts[0].defaults
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        return [g for part in self.parts for g in part.param_groups]
+
+    @property
+    def state(self) -> dict[Any, Any]:
+        return {k: v for part in self.parts for k, v in part.state.items()}
+
+    def step(self, closure: Any = None) -> None:
+        for part in self.parts:
+            part.step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for part in self.parts:
+            part.zero_grad(set_to_none=set_to_none)
+
+    def register_step_pre_hook(self, hook: Any) -> Any:
+        return self.parts[0].register_step_pre_hook(hook)  # before the first part's update
+
+    def register_step_post_hook(self, hook: Any) -> Any:
+        return self.parts[-1].register_step_post_hook(hook)  # after the last part's update
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"parts": [part.state_dict() for part in self.parts]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for part, saved in zip(self.parts, state["parts"], strict=True):
+            part.load_state_dict(saved)
 
 
 def wrap_modules() -> tuple[type, ...]:

@@ -1220,6 +1220,11 @@ if __name__ == '__main__':
     main()
 '''
 
+#: The same with an Adam for the encoder and an SGD for the decoder: two classes of optimizer.
+ADAM_AND_SGD = ENCODER_DECODER.replace(
+    "enc_opt = optim.SGD(encoder.parameters(), lr=args.lr, momentum=0.9)",
+    "enc_opt = optim.Adam(encoder.parameters(), lr=1e-3)")
+
 #: A backbone and a head whose input the loop computes from the backbone's output
 #: (``features.mean(1)``): the loop's operation is replayed between the two calls.
 BACKBONE_HEAD = '''
@@ -1281,7 +1286,8 @@ def pipeline_runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runs]:
     r.plan("encoder_decoder", ENCODER_DECODER)
     r.plan("backbone_head", BACKBONE_HEAD)
     r.plan("gradient_reversal", GRADIENT_REVERSAL)
-    for name in ("encoder_decoder", "backbone_head"):
+    r.plan("adam_and_sgd", ADAM_AND_SGD)
+    for name in ("encoder_decoder", "backbone_head", "adam_and_sgd"):
         r.futures[f"{name}_real"] = r.pool.submit(measure_step, r.scripts[name],
                                                   Detected("plain"))
     yield r
@@ -1315,6 +1321,22 @@ def test_an_encoder_and_a_decoder_with_an_optimizer_each_are_traced_as_the_loop_
     assert data["chosen"]["micro_batch_size"] == 32
     traced = data["chosen"]["memory"]["peak_allocated"]
     real = pipeline_runs.futures["encoder_decoder_real"].result()["peak_allocated"]
+    assert -0.03 <= (traced - real) / real <= 0.05, (traced, real)
+
+
+def test_optimizers_of_two_classes_each_keep_their_own_states(pipeline_runs: Runs) -> None:
+    """An Adam for the encoder (two states a weight), an SGD without momentum for the decoder
+    (none): each is rebuilt for its own parameters and stepped with the other, as the loop
+    steps them; the plan says so. Adam's states for all would be 22 MB over."""
+    data = pipeline_runs.json("adam_and_sgd")
+    capture = json.loads(next((pipeline_runs.dir / "adam_and_sgd" / "state"
+                               / "framework_recipes").glob("*/capture.json")).read_text())
+    parts = capture["optimizer"]["parts"]
+    assert [p["class"] for p in parts] == ["torch.optim.adam.Adam", "torch.optim.sgd.SGD"]
+    assert any("the step's optimizers are Adam, SGD: each is rebuilt" in n
+               for n in data["notes"])
+    traced = data["chosen"]["memory"]["peak_allocated"]
+    real = pipeline_runs.futures["adam_and_sgd_real"].result()["peak_allocated"]
     assert -0.03 <= (traced - real) / real <= 0.05, (traced, real)
 
 

@@ -31,7 +31,8 @@ step is rebuilt as the loop ran it instead:
   step's calls from the last, with the loop's own tensors (the batch's too) as targets;
 - every optimizer the script built (``Optimizer.__init__`` is recorded) that holds the step's
   parameters is rebuilt: one of the same class as all of them, with one parameter group each
-  where their settings differ, so the trace holds the states of all of them.
+  where their settings differ, or, of different classes, each for its own parameters (the
+  recipe's ``Optimizers`` steps them together), so the trace holds the states of all of them.
 
 The recipe (``recipe_template.PipelineStep``) replays the calls in one wrapper module, so DDP
 and FSDP see one forward and the optimizer gets every stage's parameters.
@@ -407,7 +408,8 @@ def _output_and_kind(out: Any) -> tuple[torch.Tensor | None, str]:
 def _optimizers(first: torch.optim.Optimizer, modules: list[torch.nn.Module]) -> None:
     """The optimizers holding the step's parameters, rebuilt as one (``save_optimizer``): of
     their class, with one parameter group each (by the parameters' places in the stages'
-    order) where their settings differ."""
+    order) where their settings differ; of different classes (an Adam and an SGD), each for
+    its own groups (``parts``), which the recipe steps together."""
     from launcher.capture.child.capture import save_optimizer
 
     params = list({id(p): p for m in modules for p in m.parameters()}.values())
@@ -420,22 +422,33 @@ def _optimizers(first: torch.optim.Optimizer, modules: list[torch.nn.Module]) ->
     held.sort(key=lambda o: o is not first)  # the one that stepped first, then as built
     save_optimizer(held[0])
     ANSWER["optimizers"] = [type(o).__name__ for o in held]
-    classes = {type(o) for o in held}
-    if len(classes) > 1:
-        note(f"the step's optimizers are {', '.join(ANSWER['optimizers'])}: all of the step's "
-             f"parameters are traced with {type(held[0]).__name__}'s states")
-        return
     outside = [p for o in held for g in o.param_groups for p in g["params"]
                if id(p) not in place]
     if outside:
         note("the optimizers hold parameters outside the step's modules: their states are not "
              "counted")
-    groups = []
+    parts = []
     for optimizer in held:
+        groups = []
         for group in optimizer.param_groups:
-            settings = {k: v for k, v in group.items() if k != "params"
-                        and isinstance(v, (*_PLAIN, tuple, list))}
             groups.append({"params": [place[id(p)] for p in group["params"] if id(p) in place],
-                           "settings": settings})
+                           "settings": _settings(group)})
+        cls = type(optimizer)
+        parts.append({"class": f"{cls.__module__}.{cls.__qualname__}",
+                      "defaults": _settings(optimizer.defaults), "groups": groups})
+    if len({p["class"] for p in parts}) > 1:
+        ANSWER["optimizer"]["parts"] = parts
+        note(f"the step's optimizers are {', '.join(ANSWER['optimizers'])}: each is rebuilt for "
+             "its own parameters (under FSDP, whose parameters are flat, all are traced with "
+             f"{ANSWER['optimizers'][0]}'s states)")
+        return
+    groups = [g for part in parts for g in part["groups"]]
     if len({repr(sorted(g["settings"].items())) for g in groups}) > 1:
         ANSWER["optimizer"]["groups"] = groups
+
+
+def _settings(values: Mapping[str, Any]) -> dict[str, Any]:
+    """An optimizer's (or a group's) plain settings, as JSON holds them."""
+    return {k: v for k, v in values.items() if k != "params" and (
+        isinstance(v, _PLAIN) or isinstance(v, (tuple, list))
+        and all(isinstance(x, (int, float)) for x in v))}
