@@ -20,13 +20,13 @@ from __future__ import annotations
 import json
 import runpy
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from launcher.capture.frameworks import Detected, measure_step
+from tests.fakes.in_process import Runs
 from tests.fakes.in_process import launch as _launch
 
 MNIST = '''
@@ -650,29 +650,6 @@ for epoch in range(args.epochs):
 
 
 
-class Runs:
-    def __init__(self, directory: Path) -> None:
-        self.dir = directory
-        self.pool = ThreadPoolExecutor(2)
-        self.futures: dict[str, Future] = {}
-        self.scripts: dict[str, Path] = {}
-
-    def plan(self, name: str, source: str, *args: str, files: dict[str, str] | None = None
-             ) -> None:
-        folder = self.dir / name
-        folder.mkdir()
-        script = folder / ("main.py" if not name.startswith("nanogpt") else "train.py")
-        script.write_text(source)
-        for file, text in (files or {}).items():
-            (folder / file).write_text(text)
-        self.scripts[name] = script
-        self.futures[name] = self.pool.submit(
-            _launch, ["plan", str(script), "--json", *args], folder)
-
-    def json(self, name: str) -> dict[str, Any]:
-        status, out, err = self.futures[name].result()
-        assert status == 0, err
-        return json.loads(out)
 
 
 @pytest.fixture(scope="module")

@@ -11,13 +11,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
-from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.fakes.in_process import launch as _launch
+from tests.fakes.in_process import Runs
 
 CLICK = '''
 import click
@@ -114,33 +111,16 @@ if __name__ == "__main__":
 
 
 
-class Runs:
-    def __init__(self, directory: Path) -> None:
-        self.dir = directory
-        self.pool = ThreadPoolExecutor(2)
-        self.futures: dict[str, Future] = {}
-
-    def launch(self, name: str, source: str, *args: str) -> None:
-        folder = self.dir / name
-        folder.mkdir()
-        (folder / "main.py").write_text(source)
-        self.futures[name] = self.pool.submit(_launch, [*args[:1], str(folder / "main.py"),
-                                                        *args[1:]], folder)
-
-    def json(self, name: str) -> dict[str, Any]:
-        status, out, err = self.futures[name].result()
-        assert status == 0, err
-        return json.loads(out)
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runs]:
     r = Runs(tmp_path_factory.mktemp("options"))
-    r.launch("click", CLICK, "plan", "--json")
-    r.launch("env", ENV, "plan", "--json")
-    r.launch("hf_args", HF_ARGS, "plan", "--json")
+    r.plan("click", CLICK)
+    r.plan("env", ENV)
+    r.plan("hf_args", HF_ARGS)
     # a job: the plan's micro-batch and steps reach the script through its own variables
-    r.launch("env_run", ENV, "run", "--json", "--micro-batch-size", "16", "--steps", "3")
+    r.run("env_run", ENV, "--micro-batch-size", "16", "--steps", "3")
     yield r
     r.pool.shutdown(wait=True, cancel_futures=True)
 

@@ -9,9 +9,12 @@ fixture, which is per test.
 from __future__ import annotations
 
 import io
+import json
 import os
 import sys
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 from launcher.cli import main
 from launcher.context import Environment
@@ -27,3 +30,43 @@ def launch(args: list[str], cwd: Path, environ: dict[str, str] | None = None
                       python=sys.executable)
     status = main(args, env)
     return int(status), out.getvalue(), err.getvalue()
+
+
+class Runs:
+    """A module's launches, started together in a pool of two: each script in a folder of its
+    own (``dir/NAME/main.py``, ``train.py`` for a name starting with nanogpt), its result a
+    future by name."""
+
+    def __init__(self, directory: Path) -> None:
+        self.dir = directory
+        self.pool = ThreadPoolExecutor(2)
+        self.futures: dict[str, Future] = {}
+        self.scripts: dict[str, Path] = {}
+
+    def write(self, name: str, source: str, files: dict[str, str] | None = None) -> Path:
+        folder = self.dir / name
+        folder.mkdir()
+        script = folder / ("train.py" if name.startswith("nanogpt") else "main.py")
+        script.write_text(source)
+        for file, text in (files or {}).items():
+            (folder / file).write_text(text)
+        self.scripts[name] = script
+        return script
+
+    def plan(self, name: str, source: str, *args: str, files: dict[str, str] | None = None
+             ) -> None:
+        """``launch plan SCRIPT --json ARGS`` of ``source``, written as ``name``'s script."""
+        script = self.write(name, source, files)
+        self.futures[name] = self.pool.submit(
+            launch, ["plan", str(script), "--json", *args], script.parent)
+
+    def run(self, name: str, source: str, *args: str) -> None:
+        """``launch run SCRIPT --json ARGS``: a job of ``source`` on the local provider."""
+        script = self.write(name, source)
+        self.futures[name] = self.pool.submit(
+            launch, ["run", str(script), "--json", *args], script.parent)
+
+    def json(self, name: str) -> dict[str, Any]:
+        status, out, err = self.futures[name].result()
+        assert status == 0, err
+        return json.loads(out)

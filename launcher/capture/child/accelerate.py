@@ -296,7 +296,9 @@ def output_loss(out: Any) -> torch.Tensor | None:
     return loss if isinstance(loss, torch.Tensor) else None
 
 
-def _output_tensor(out: Any) -> tuple[torch.Tensor | None, str]:
+def output_tensor(out: Any) -> tuple[torch.Tensor | None, str]:
+    """The output tensor a loss is taken of, and how the recipe finds it again (its
+    ``_output_tensor``'s ``which``): the tensor, a ``logits`` field, or a tuple's first."""
     if isinstance(out, torch.Tensor):
         return out, "tensor"
     logits = out.get("logits") if isinstance(out, Mapping) else getattr(out, "logits", None)
@@ -313,7 +315,7 @@ def same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def match_loss(out: Any, batch: Any, loss: torch.Tensor, F: Any) -> dict[str, Any] | None:
-    output, which = _output_tensor(out)
+    output, which = output_tensor(out)
     if output is None:
         return None
     targets: list[tuple[Any, torch.Tensor]] = []

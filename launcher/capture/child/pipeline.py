@@ -369,9 +369,9 @@ def _nll_first(out: Any, frame: dict[str, torch.Tensor], loss: torch.Tensor, F: 
     ``match_loss`` tries it first, but it makes one more log-softmax of the whole output and
     its gradient (+3.5% on seq2seq). An ``NllLossBackward0`` whose input is not a
     ``LogSoftmaxBackward0`` made after the output was an ``nll_loss``."""
-    from launcher.capture.child.accelerate import same_values
+    from launcher.capture.child.accelerate import output_tensor, same_values
 
-    output, which = _output_and_kind(out)
+    output, which = output_tensor(out)
     node = loss.grad_fn
     if output is None or type(node).__name__ != "NllLossBackward0":
         return None
@@ -390,19 +390,6 @@ def _nll_first(out: Any, frame: dict[str, torch.Tensor], loss: torch.Tensor, F: 
                     return {"loss": "function", "function": "nll_loss", "output": which,
                             "target": key, "flatten": flatten}
     return None
-
-
-def _output_and_kind(out: Any) -> tuple[torch.Tensor | None, str]:
-    """The output tensor a loss is taken of, and how the recipe finds it again (its
-    ``_output_tensor``'s ``which``), as ``accelerate.match_loss`` picks it."""
-    if isinstance(out, torch.Tensor):
-        return out, "tensor"
-    logits = out.get("logits") if isinstance(out, Mapping) else getattr(out, "logits", None)
-    if isinstance(logits, torch.Tensor):
-        return logits, "logits"
-    if isinstance(out, (list, tuple)) and out and isinstance(out[0], torch.Tensor):
-        return out[0], "first"
-    return None, "none"
 
 
 def _optimizers(first: torch.optim.Optimizer, modules: list[torch.nn.Module]) -> None:
