@@ -96,10 +96,10 @@ def _trace_options(spec: Spec, environ: dict[str, str], captured: bool = False
     and 4. The lines miss what does not grow with the batch: a CPU kernel's scratch (mnist's
     backward: 3.7 MB of oneDNN scratch at 64 that micro-batches 1 to 4 never reach, -3.65%;
     a ResNet's, which shrinks past 4: +19.6%), a kernel chosen by size."""
-    own = spec.micro_batch_size or spec.global_batch_size
+    own = (spec.micro_batch_size or spec.global_batch_size) if captured else None
     return dict(
         micro_batch_sizes=FIT_SIZES, grad_accum_steps=2,
-        verify_sizes=(own,) if captured and own not in FIT_SIZES else (),
+        verify_sizes=(own,) if own is not None and own not in FIT_SIZES else (),
         timeout_s=env_seconds(environ, "LAUNCH_TRACE_TIMEOUT", DEFAULT_TRACE_TIMEOUT_S),
         max_grad_norm=spec.max_grad_norm, lr=spec.lr, weight_decay=spec.weight_decay,
         seed=spec.seed, scale_depth=env_word(environ, "LAUNCH_TRACE_DEPTH") != "full",
