@@ -1340,3 +1340,57 @@ def test_a_step_whose_modules_it_cannot_replay_is_not_traced_and_says_why(
     assert "the training step runs 2 modules (Sequential, Linear)" in err
     assert "computed with gradients outside the step's modules" in err
     assert "peak_allocated" not in out
+
+
+#: pytorch/examples' dcgan loop, cut down: the discriminator's Adam steps first (on real and a
+#: detached fake), then the generator's, through the discriminator.
+GAN = """
+import argparse
+import torch
+import torch.nn as nn
+import torch.optim as optim
+
+parser = argparse.ArgumentParser()
+parser.add_argument('--batchSize', type=int, default=16)
+parser.add_argument('--niter', type=int, default=2)
+opt = parser.parse_args()
+nz = 32
+netG = nn.Sequential(nn.ConvTranspose2d(nz, 64, 4, 1, 0), nn.BatchNorm2d(64), nn.ReLU(True),
+                     nn.ConvTranspose2d(64, 3, 4, 2, 1), nn.Tanh())
+netD = nn.Sequential(nn.Conv2d(3, 16, 4, 2, 1), nn.LeakyReLU(0.2, inplace=True),
+                     nn.Conv2d(16, 1, 4, 1, 0), nn.Sigmoid())
+criterion = nn.BCELoss()
+optimizerD = optim.Adam(netD.parameters(), lr=0.0002, betas=(0.5, 0.999))
+optimizerG = optim.Adam(netG.parameters(), lr=0.0002, betas=(0.5, 0.999))
+data = torch.randn(64, 3, 8, 8)
+for epoch in range(opt.niter):
+    for i in range(0, len(data), opt.batchSize):
+        real = data[i:i + opt.batchSize]
+        netD.zero_grad()
+        label = torch.full((real.size(0),), 1.0)
+        errD_real = criterion(netD(real).view(-1), label)
+        errD_real.backward()
+        fake = netG(torch.randn(real.size(0), nz, 1, 1))
+        label.fill_(0.0)
+        errD_fake = criterion(netD(fake.detach()).view(-1), label)
+        errD_fake.backward()
+        optimizerD.step()
+        netG.zero_grad()
+        label.fill_(1.0)
+        errG = criterion(netD(fake).view(-1), label)
+        errG.backward()
+        optimizerG.step()
+"""
+
+
+def test_a_gan_whose_models_train_in_turns_is_refused_not_half_traced(tmp_path: Path) -> None:
+    """Its first optimizer step updates the discriminator alone: tracing that step would plan
+    a tenth of the script's parameters as if they were all of it. The plan says why, in one
+    line (exit 2), and points to --params."""
+    script = tmp_path / "main.py"
+    script.write_text(GAN)
+    status, out, err = _launch(["plan", str(script), "--json"], tmp_path)
+    assert status == 2, out
+    generator = 32 * 64 * 16 + 64 + 64 * 2 + 64 * 3 * 16 + 3
+    assert f"another optimizer, for {generator:,} parameters outside the model" in err
+    assert "--params" in err and "Traceback" not in err

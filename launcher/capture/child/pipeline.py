@@ -439,3 +439,26 @@ def _settings(values: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in values.items() if k != "params" and (
         isinstance(v, _PLAIN) or isinstance(v, (tuple, list))
         and all(isinstance(x, (int, float)) for x in v))}
+
+
+def other_optimizers(stepped: torch.optim.Optimizer, model: torch.nn.Module) -> None:
+    """Refuse the step where the script built other optimizers, for parameters outside
+    ``model`` (a GAN's generator, whose Adam steps after the discriminator's): the step that
+    would be traced is the first optimizer's, of its model alone, and a plan of that (35K of a
+    DCGAN's 375K parameters) would be presented as the script's."""
+    mine = {id(p) for p in model.parameters()}
+    outside: dict[int, torch.Tensor] = {}
+    for ref in STATE.get("optimizers") or ():
+        other = ref()
+        if other is None or other is stepped:
+            continue
+        for group in other.param_groups:
+            outside.update((id(p), p) for p in group["params"] if id(p) not in mine)
+    if outside:
+        count = sum(p.numel() for p in outside.values())
+        note(f"the script builds another optimizer, for {count:,} parameters outside the "
+             f"model its first optimizer step updates ({type(model).__name__}): launch traces "
+             "one training step, and this script's steps update its models in turns (a GAN), "
+             "so it is not traced")
+        write_answer()
+        raise Stop

@@ -303,7 +303,7 @@ def _unwrapped(module: torch.nn.Module) -> torch.nn.Module:
 
 
 def _capture(optimizer: torch.optim.Optimizer) -> None:
-    from launcher.capture.child.pipeline import pipeline_step
+    from launcher.capture.child.pipeline import other_optimizers, pipeline_step
 
     several = pipeline_step(optimizer, _scaled_from)  # an encoder and a decoder, say
     if several is not None:
@@ -329,6 +329,7 @@ def _capture(optimizer: torch.optim.Optimizer) -> None:
     if count < len(held):
         note("the optimizer holds parameters outside the traced model: their states are not "
              "counted")
+    other_optimizers(optimizer, model)  # a GAN's: refused
     save_optimizer(optimizer)
     capture_step(model, args, kwargs, out)
 
