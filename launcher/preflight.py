@@ -21,6 +21,7 @@ from launcher.estimate.analytic import ModelShape
 from launcher.estimate.calibration import model_key
 from launcher.estimate.footprint import Footprint, from_shape
 from launcher.estimate.model_config import (
+    ASSUMED_FROM,
     UnsupportedModelType,
     assumed_shape,
     load_config,
@@ -53,8 +54,8 @@ def describe(spec: Spec, info: ScriptInfo) -> tuple[ModelShape | None, str, str]
         return load_config(spec.model_config, seq_len=spec.seq_len,
                            attention=spec.attention), "config", ""
     if spec.params is not None:
-        if all(v is None for v in (spec.layers, spec.hidden_size, spec.heads,
-                                   spec.vocab_size)):
+        if spec.params >= ASSUMED_FROM and all(
+                v is None for v in (spec.layers, spec.hidden_size, spec.heads, spec.vocab_size)):
             assumed = assumed_shape(spec.params, seq_len=spec.seq_len, attention=spec.attention)
             return assumed.shape, "declared", assumed.note
         return shape_from_params(spec.params, layers=spec.layers, hidden=spec.hidden_size,

@@ -392,6 +392,12 @@ REFERENCE_DECODERS: tuple[ReferenceDecoder, ...] = (
     ReferenceDecoder("Llama 3.1 405B", _HF.format("meta-llama/Llama-3.1-405B"),
                      126, 16384, 128, 8, 53248, 128256),
 )
+#: The smallest parameter count a shape is assumed for (``assumed_shape``): below the published
+#: references (Llama 3.2 1B: 1.24B, 262M of it embeddings), a Llama shape would be mostly
+#: vocabulary and its activations nothing like the model's (``--params 9`` became a one-layer
+#: decoder with a 128K vocabulary at sequence 4096, and nothing fit); such a model is planned
+#: on its states, its activations unknown, as before.
+ASSUMED_FROM = 1_000_000_000
 #: The sequence length an assumed shape is sized at without ``--seq-len``: Llama 2's context
 #: and the common fine-tuning length (torchtitan's and llama-recipes' runs use 4096 or 8192).
 ASSUMED_SEQ_LEN = 4096

@@ -55,3 +55,15 @@ def test_the_note_says_what_was_assumed_and_how_to_override():
     assert "sequence 2048;" in note  # given: not called an assumption
     assert "--model-config" in note and "--layers" in note
     assert assumed_shape(30_000_000_000, seq_len=2048).shape.seq_len == 2048
+
+
+@pytest.mark.parametrize("params", ["9", "1M", "125M"])
+def test_a_count_below_the_references_assumes_no_shape(cli, params):
+    """Below a billion parameters a Llama shape would be mostly vocabulary (a "9-parameter"
+    model became a one-layer decoder with 128K tokens at sequence 4096, and nothing fit): the
+    model is planned on its states, as before, and no shape is said to be assumed."""
+    result = cli("plan", "--params", params, "--json")
+    assert result.status == 0, result.stderr
+    data = result.json()
+    assert data["chosen"] is not None
+    assert not any("shape assumed" in note for note in data["notes"])
