@@ -25,9 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.capture.child.answer import ANSWER, STATE
-
-#: How an environment variable's option is named: ``$BATCH_SIZE`` (``script_info.ENV_PREFIX``).
-ENV_PREFIX = "$"
+from launcher.script_info import ENV_PREFIX  # ``$BATCH_SIZE``: how the plan names it too
 
 
 def patch_click(parsed: list[dict[str, Any]]) -> None:
