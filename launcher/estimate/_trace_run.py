@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from launcher.estimate import _script
-from launcher.estimate._blocks import SCALED_DEPTHS
+from launcher.estimate._blocks import SCALED_DEPTHS, SHARDED_DEPTHS
 from launcher.estimate._trace_step import (
     RecipeError,
     build,
@@ -306,7 +306,8 @@ def _scaled_trace(request: dict[str, Any], recipe: ModuleType, mode: str,
                   notes: list[str]) -> dict[str, Any]:
     """``_trace``, at two depths of the model's repeated blocks when ``scale_depth`` asks for it.
 
-    The first trace (at ``SCALED_DEPTHS[0]``) finds the stack while building; a model without
+    The first trace (at ``SCALED_DEPTHS[0]``, ``SHARDED_DEPTHS[0]`` for a sharded rank) finds
+    the stack while building; a model without
     one is traced whole by that same call, and its answer is the ordinary one. Otherwise the
     answer holds both traces (``by_depth``) and the parent extrapolates them to the real depth
     (``launcher.estimate._answer.scale``). If a truncated model cannot run (its forward indexes
@@ -314,7 +315,8 @@ def _scaled_trace(request: dict[str, Any], recipe: ModuleType, mode: str,
     """
     if not request.get("scale_depth"):
         return _trace(request, recipe, mode)
-    shallow, deep = SCALED_DEPTHS
+    strategy = (request.get("strategy") or {}).get("name")
+    shallow, deep = SHARDED_DEPTHS if strategy in ("fsdp", "hybrid_shard") else SCALED_DEPTHS
     try:
         # At the shallow depth the step process (one full step) has less to do than the micro
         # process (two sizes): it takes the smallest size too, for even halves.

@@ -247,12 +247,13 @@ def _request(
         request["gpu_generation"] = str(gpu_generation)
     if strategy is not None:
         request["strategy"] = _strategy(strategy)
-        # Traced whole: a rank's peak is not linear in the depth. DDP's gradient buckets are
-        # cut by size, not by block (2 and 4 blocks extrapolated to 8: +15%); under FSDP the
-        # backward's peak moves between blocks with checkpointing (+10% at 8 blocks, +26% for
-        # a 32-block 7B at 8 ranks) and at micro-batch 1 (+13% for the 7B). A whole 7B rank
-        # traces in 10-14 s here (docs/benchmarks.md, "depth scaling under a strategy").
-        request["scale_depth"] = False
+        if request["strategy"]["name"] == "ddp":
+            # Traced whole: DDP's gradient buckets are cut by size, not by block, so a DDP
+            # rank's peak is not linear in the depth (2 and 4 blocks extrapolated to 8: +15%).
+            # A sharded rank is linear from three blocks up and is scaled from 4 and 6
+            # (``_blocks.SHARDED_DEPTHS``; docs/benchmarks.md, "depth scaling under a
+            # strategy").
+            request["scale_depth"] = False
     return request
 
 

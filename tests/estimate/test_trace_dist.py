@@ -17,11 +17,13 @@ from typing import Any
 import pytest
 
 from launcher.estimate import trace_process, traced
+from launcher.estimate.trace_result import ScaledTrace
 from launcher.estimate.traced import trace_recipe
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 from _recipes import GPT  # noqa: E402
 from bench_estimate_dist import measure_world  # noqa: E402
+from models_zoo import write_recipe  # noqa: E402
 
 #: 32 Linear(256, 256) units: the weights dominate, so the optimizer step is large.
 STACK = '''
@@ -51,6 +53,13 @@ FSDP = {"name": "fsdp", "world_size": 2}
 #: backward) with selective checkpointing, under bf16_mixed.
 ZERO2 = {"name": "fsdp", "world_size": 2, "reshard_after_forward": False}
 ZERO2_SELECTIVE = {"precision": "bf16_mixed", "activation_checkpointing": "selective"}
+#: Sharded ranks whose depth-scaled trace must be the whole trace: strategy, trace options.
+DEEP_STRATEGIES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+    "fsdp": ({"name": "fsdp", "world_size": 4}, {"grad_accum_steps": 1}),
+    "hybrid_zero2_selective_accum": (
+        {"name": "hybrid_shard", "world_size": 4, "replicas": 2, "reshard_after_forward": False},
+        {"grad_accum_steps": 2, "activation_checkpointing": "selective"}),
+}
 #: The measured error is a few bytes (docs/benchmarks.md); 1% is the estimator's bar.
 TOLERANCE = 0.01
 
@@ -106,6 +115,13 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runs]:
         r.submit("ddp_trace", trace_recipe, gpt, strategy=DDP, **common)
         r.submit("fsdp_trace", trace_recipe, gpt, strategy=FSDP, foreach=True, **common)
         r.submit("zero2_trace", trace_recipe, gpt, strategy=ZERO2, **ZERO2_SELECTIVE, **common)
+        # A 10-block Llama: one rank depth-scaled (4 and 6 blocks) and traced whole.
+        deep = write_recipe("llama", directory, layers=10, dim=64, heads=4, kv_heads=2,
+                            hidden=128, vocab=512, seq=32)
+        for name, (strategy, options) in DEEP_STRATEGIES.items():
+            for scaled in (True, False):
+                r.submit(f"deep_{name}_{scaled}", trace_recipe, deep, strategy=strategy,
+                         scale_depth=scaled, **options, **common)
         r.submit("stack_foreach", _optimizer_phase, stack, True)
         r.submit("stack_forloop", _optimizer_phase, stack, False)
         yield r
@@ -153,6 +169,29 @@ def test_zero2_with_selective_checkpointing_traced_at_world_two_matches_real_ran
     _check_against_ranks(trace, runs["zero2_real"], held=2 * BLOCK_PARAMETERS)
     # the model states are sharded: half of AdamW's moments on this rank, as under FSDP
     assert trace.optimizer_state_bytes == pytest.approx(trace.parameter_bytes, rel=0.01)
+
+
+@pytest.mark.parametrize("name", sorted(DEEP_STRATEGIES))
+def test_a_sharded_rank_scaled_from_four_and_six_blocks_is_the_whole_rank(
+        runs: Runs, name: str) -> None:
+    """A sharded rank is linear in the depth from three blocks up (FSDP's prefetch makes two
+    blocks an edge case): traced at 4 and 6 of 10 blocks and extrapolated, it is the whole
+    rank's trace at every micro-batch, traced or fitted, and in every phase."""
+    scaled, whole = runs[f"deep_{name}_True"], runs[f"deep_{name}_False"]
+    assert isinstance(scaled, ScaledTrace) and not isinstance(whole, ScaledTrace)
+    assert scaled.blocks["traced_depths"] == [4, 6]
+    for b in (1, 2, 5):
+        assert scaled.peak_at(b) == pytest.approx(whole.peak_at(b), abs=1024), b
+        phases = whole.phase_breakdowns_at(b)
+        for phase, got in scaled.phase_breakdowns_at(b).items():
+            assert sum(got.values()) == pytest.approx(sum(phases[phase].values()), abs=1024)
+
+
+def test_ddp_rank_is_traced_whole() -> None:
+    """DDP's buckets are cut by size, not by block: its rank is never depth-scaled."""
+    request = traced._request("x.py", micro_batch_sizes=(1,), strategy=DDP)
+    assert request["scale_depth"] is False
+    assert traced._request("x.py", micro_batch_sizes=(1,), strategy=FSDP)["scale_depth"]
 
 
 def test_foreach_adamw_under_fsdp_costs_four_bytes_per_local_parameter(runs: Runs) -> None:
