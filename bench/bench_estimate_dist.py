@@ -50,6 +50,8 @@ sys.path.insert(0, str(HERE))
 from launcher.estimate.traced import trace_recipe  # noqa: E402
 
 TARGET = 0.01
+#: Part "plan": issue 25's bar for the planner's per-rank answer against real ranks.
+PLAN_TARGET = 0.005
 
 #: (strategy, configuration) pairs of part 1; every configuration uses AdamW.
 CASES: list[tuple[dict[str, Any], dict[str, Any]]] = [
@@ -211,9 +213,7 @@ def _error(traced: int, real: int) -> float:
 
 def accuracy(arch: str, directory: Path, strategy: dict[str, Any], config: dict[str, Any],
              micro_batch: int) -> dict[str, Any]:
-    from models_zoo import write_recipe  # imports torch: not at the top (the tests import this)
-
-    recipe = write_recipe(arch, directory)
+    recipe = _write(arch, directory)  # imports torch: not at the top (the tests import this)
     started = time.perf_counter()
     trace = trace_recipe(recipe, device="cpu", micro_batch_sizes=(1, micro_batch),
                          optimizer="adamw", strategy=strategy, timeout_s=900, **config)
@@ -233,6 +233,53 @@ def accuracy(arch: str, directory: Path, strategy: dict[str, Any], config: dict[
         "late_frees": [r["without_backend"]["late_frees"] for r in ranks],
         "unmatched_bytes": [r["without_backend"]["unmatched_bytes"] for r in ranks],
         "trace_s": round(trace_s, 1), "real_s": round(real_s, 1),
+    }
+
+
+def _write(arch: str, directory: Path) -> Path:
+    """A zoo recipe: ``bench/models_zoo.py``'s architectures by name, transformers' classes
+    (``bench/zoo_hf.py``) as ``hf:<name>``."""
+    if arch.startswith("hf:"):
+        from zoo_hf import write_recipe as write_hf
+
+        return write_hf(arch[3:], directory)
+    from models_zoo import write_recipe
+
+    return write_recipe(arch, directory)
+
+
+def plan_vs_ranks(arch: str, directory: Path, world: int, reshard: bool,
+                  micro_batch: int) -> dict[str, Any]:
+    """What ``launch plan`` (the shipped program, in a fresh process) answers per rank for a
+    pinned FSDP plan on this machine's CPU processes, against the same plan's ranks really run
+    over gloo."""
+    recipe = _write(arch, directory)
+    launch = str(Path(sys.executable).with_name("launch"))
+    flag = "--reshard-after-forward" if reshard else "--no-reshard-after-forward"
+    started = time.perf_counter()
+    out = subprocess.run(
+        [launch, "plan", str(recipe), "--provider", "local", "--strategy", "fsdp", flag,
+         "--gpus-per-node", str(world), "--micro-batch-size", str(micro_batch),
+         "--global-batch-size", str(micro_batch * world), "--precision", "fp32",
+         "--no-activation-checkpointing", "--json"],
+        capture_output=True, text=True, cwd=recipe.parent, timeout=900,
+        env={**os.environ, "LAUNCH_STATE_DIR": str(directory / "state")})
+    plan_s = time.perf_counter() - started
+    if out.returncode != 0:
+        raise RuntimeError(f"launch plan exited {out.returncode}: {out.stderr[-2000:]}")
+    chosen = json.loads(out.stdout)["chosen"]
+    strategy = {"name": "fsdp", "world_size": world, "reshard_after_forward": reshard}
+    ranks = measure_world(recipe, strategy, micro_batch=micro_batch, precision="fp32")
+    answered = chosen["memory"]["peak_allocated"]
+    clean = [r["without_backend"]["peak"] for r in ranks]
+    return {
+        "arch": arch, "world": world, "reshard_after_forward": reshard,
+        "micro_batch": micro_batch, "answered": answered,
+        "rank_traced": chosen["memory"].get("rank_traced"), "real": clean,
+        "real_raw": [r["peak_allocated"] for r in ranks],
+        # against the largest rank: a plan fits when its largest rank does (ranks differ by
+        # uneven shards: a dimension that does not divide by the world leaves rank 0 more)
+        "error": _error(answered, max(clean)), "plan_s": round(plan_s, 1),
     }
 
 
@@ -356,9 +403,13 @@ def _label(strategy: dict[str, Any], config: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--part", choices=("all", "accuracy", "scaling", "phantom", "depth"),
-                        default="all")
-    parser.add_argument("--archs", default="gpt,llama")
+    parser.add_argument("--part", choices=("all", "accuracy", "plan", "scaling", "phantom",
+                                           "depth"), default="all")
+    parser.add_argument("--archs", default="gpt,llama",
+                        help="models_zoo names, or hf:<name> for bench/zoo_hf.py's")
+    parser.add_argument("--plan-archs", default="gpt,llama,hf:llama,hf:gpt2,hf:t5,hf:vit",
+                        help="part 'plan': the models")
+    parser.add_argument("--plan-worlds", default="2,4", help="part 'plan': the world sizes")
     parser.add_argument("--micro-batch", type=int, default=2)
     parser.add_argument("--worlds", default="8,64")
     parser.add_argument("--json", default=None, help="also write the results here")
@@ -390,6 +441,26 @@ def main(argv: list[str] | None = None) -> int:
                   f"{' / '.join(f'{x:,}' for x in r['real'])} | {_pct(r['error'])} | "
                   f"{' / '.join(f'{x:,}' for x in r['real_raw'])} | {_pct(r['error_raw'])} | "
                   f"{r['phase']} |")
+
+    if args.part in ("all", "plan"):
+        rows = []
+        for arch in args.plan_archs.split(","):
+            for world in (int(w) for w in args.plan_worlds.split(",")):
+                for reshard in (True, False):
+                    row = plan_vs_ranks(arch, directory / f"plan_{arch.replace(':', '_')}",
+                                        world, reshard, args.micro_batch)
+                    rows.append(row)
+                    print(json.dumps(row), file=sys.stderr, flush=True)
+        results["plan"] = rows
+        print("\n| model | FSDP | ranks | launch plan per rank (B) | rank traced | real ranks (B) "
+              "| error (largest rank) | plan (s) |")
+        print("| --- | --- | ---: | ---: | --- | ---: | ---: | ---: |")
+        for r in rows:
+            failed |= abs(r["error"]) > PLAN_TARGET
+            print(f"| {r['arch']} | {'full' if r['reshard_after_forward'] else 'zero2'} | "
+                  f"{r['world']} | {r['answered']:,} | {'yes' if r['rank_traced'] else 'no'} | "
+                  f"{' / '.join(f'{x:,}' for x in r['real'])} | {_pct(r['error'])} | "
+                  f"{r['plan_s']} |")
 
     if args.part in ("all", "scaling"):
         worlds = [int(x) for x in args.worlds.split(",")]

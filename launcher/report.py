@@ -280,12 +280,13 @@ def headroom_words(plan: Plan) -> str | None:
     from launcher.estimate.overheads import SAFETY_MARGIN
 
     m = plan.memory
-    if m.total is None or m.capacity is None:
+    if m.headroom is None or m.usable is None or m.capacity is None:
         return None
-    usable = int(m.capacity * (1 - SAFETY_MARGIN))
     unit = "per process" if plan.machine == "local-cpu" else "per GPU"
-    return (f"headroom {format_bytes(usable - m.total)} {unit} ({format_bytes(usable)} usable "
-            f"of {format_bytes(m.capacity)}, {SAFETY_MARGIN:.0%} kept free)")
+    sized = (f"; one rank traced at its world size of {plan.world_size}" if m.rank_traced
+             else "")
+    return (f"headroom {format_bytes(m.headroom)} {unit} ({format_bytes(m.usable)} usable "
+            f"of {format_bytes(m.capacity)}, {SAFETY_MARGIN:.0%} kept free{sized})")
 
 
 #: The plan's settings as the plan line names them, in this order.

@@ -5,8 +5,9 @@ GPU hold at this micro-batch, with the model states sharded the strategy's way (
 GPU, hybrid sharding and SMP v2 within a node, ZeRO-2 keeping the gathered parameters from
 forward to backward), the gradients reduced every micro-step or held whole, autocast's weight
 copies counted once, and the CUDA context, NCCL buffers and allocator reserve added
-(``estimate/overheads.py``). A sharded plan near the machine's capacity is sized from a trace of
-one rank at its world size instead when the footprint can make one (a recipe). ``fits`` says
+(``estimate/overheads.py``). A sharded plan near the machine's capacity, and the plan the
+planner chooses, is sized from a trace of one rank at its world size instead when the footprint
+can make one (a recipe, a script, a config transformers builds). ``fits`` says
 whether the result fits the machine (``Target``). Kept apart from the search
 (``plan/planner.py``): this is arithmetic over a footprint, the planner is the order of the
 remedies and the choice between machines.
@@ -91,7 +92,7 @@ def reduces_every_micro_step(strategy: str, nodes: int, gpus: int, accum: int,
 
 def per_gpu_memory(fp: Footprint, target: Target, strategy: str, nodes: int, gpus: int,
                    micro: int, accum: int = 1, reduce_every: bool = False,
-                   reshard_after_forward: bool = True) -> Memory:
+                   reshard_after_forward: bool = True, exact: bool = False) -> Memory:
     """The footprint at ``micro`` under ``strategy``, with the GPU-side overheads.
 
     A sharded plan is first sized by sharding the single-device footprint phase by phase; when
@@ -100,15 +101,17 @@ def per_gpu_memory(fp: Footprint, target: Target, strategy: str, nodes: int, gpu
     ``reduce_every``: the plan reduce-scatters on every micro-step (``Plan.
     reduce_every_micro_step``), so its ranks hold gradient shards, not the unsharded gradient.
     ``reshard_after_forward`` False: ZeRO-2 (``ZERO2`` strategies), each unit's gathered
-    parameters held from its forward to its backward."""
+    parameters held from its forward to its backward. ``exact``: trace the rank whatever the
+    margin (the planner's chosen plan), where the footprint can."""
     reduce_every = reduces_every_micro_step(strategy, nodes, gpus, accum, reduce_every)
     zero2 = not reshard_after_forward and strategy in ZERO2
     memory = _scaled_gpu_memory(fp, target, strategy, nodes, gpus, micro, accum, reduce_every,
                                 zero2)
     usable = None if memory.capacity is None else memory.capacity * (1 - SAFETY_MARGIN)
     if (fp.rank_memory_at is not None and strategy in TRACED_AT_WORLD_SIZE
-            and memory.total is not None and usable and not target.address_space_cap
-            and abs(memory.total - usable) <= NEAR_CAPACITY * usable):
+            and shard_degree(strategy, nodes, gpus) > 1 and not target.address_space_cap
+            and (exact or (memory.total is not None and usable
+                           and abs(memory.total - usable) <= NEAR_CAPACITY * usable))):
         # ZeRO-2 is traced as such (the trace writes reshard_after_forward into the script's
         # plan values); the keyword only where it differs, for footprints that predate it.
         kept = {"reshard_after_forward": False} if zero2 else {}
@@ -121,9 +124,7 @@ def per_gpu_memory(fp: Footprint, target: Target, strategy: str, nodes: int, gpu
             traced = _with_overheads(rank.parameters, rank.gradients, rank.optimizer,
                                      rank.activations, rank.temporary, rank.peak_allocated,
                                      target, nodes * gpus, _replayed_ratio(rank))
-            if not reduce_every or (traced.peak_allocated or 0) < (memory.peak_allocated
-                                                                  or math.inf):
-                return traced
+            return dataclasses.replace(traced, rank_traced=True)
     return memory
 
 
@@ -140,7 +141,8 @@ def _rank_reducing_every_micro_step(fp: Footprint, strategy: str, nodes: int, gp
     earlier ones, and, while each unit's reduce-scatter output is added into them, one unit's
     shard more. So: the trace at ``accum=1`` plus those bytes. When that trace peaks in the
     optimizer step (whose gradient shards it already counts) this is on the safe side by the
-    shards; ``per_gpu_memory`` keeps the smaller of it and the scaled estimate, both bounds."""
+    shards (1/world of the gradient): a bound from the rank itself, which ``per_gpu_memory``
+    takes over the scaled estimate (tens of percent off either way)."""
     assert fp.rank_memory_at is not None
     rank = fp.rank_memory_at(strategy, nodes, gpus, micro, 1, **kept)
     whole = fp.memory_at(micro, accum).gradients

@@ -67,6 +67,33 @@ class Memory:
     peak_reserved: int | None = None
     total: int | None = None
     capacity: int | None = None
+    #: One rank of the sharded plan traced at its world size (exact, ``plan/memory.py``), not
+    #: the single-device footprint sharded by arithmetic (on the safe side by tens of percent).
+    rank_traced: bool = False
+
+    @property
+    def usable(self) -> int | None:
+        """What the plan may use of ``capacity``: all but the safety margin."""
+        from launcher.estimate.overheads import SAFETY_MARGIN
+
+        return None if self.capacity is None else int(self.capacity * (1 - SAFETY_MARGIN))
+
+    @property
+    def headroom(self) -> int | None:
+        """Usable bytes left above the plan's total (negative: over); None where unknown."""
+        usable = self.usable
+        return None if usable is None or self.total is None else usable - self.total
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields, and ``usable`` and ``headroom`` for a reader of ``--json``."""
+        return {**dataclasses.asdict(self), "usable": self.usable, "headroom": self.headroom}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Memory:
+        """From ``to_dict`` (derived and unknown keys ignored: a state file of another
+        version)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
 
     @property
     def model_states(self) -> int | None:
@@ -148,13 +175,13 @@ class Plan:
         return ("hybrid" if self.strategy == "hybrid_shard" else self.strategy) + " zero2"
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return {**dataclasses.asdict(self), "memory": self.memory.to_dict()}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Plan:
         names = {f.name for f in dataclasses.fields(cls)}
         values = {k: v for k, v in data.items() if k in names}
-        values["memory"] = Memory(**(data.get("memory") or {}))
+        values["memory"] = Memory.from_dict(data.get("memory") or {})
         return cls(**values)
 
     def replace(self, **changes: Any) -> Plan:

@@ -46,6 +46,7 @@ from launcher.plan import reasons
 from launcher.plan.cost import Hardware, step_cost
 from launcher.plan.memory import (
     REDUCE_EVERY_MICRO_STEP,
+    TRACED_AT_WORLD_SIZE,
     ZERO2,
     Target,
     fits,
@@ -241,10 +242,10 @@ def _hardware(target: Target, precision: str) -> Hardware:
 
 
 def _evaluate(spec: Spec, fp: Footprint, target: Target, rung: Rung, gpus: int, micro: int,
-              accum: int, reduce_every: bool = False) -> Plan:
+              accum: int, reduce_every: bool = False, exact: bool = False) -> Plan:
     reduce_every = reduces_every_micro_step(rung.strategy, rung.nodes, gpus, accum, reduce_every)
     memory = per_gpu_memory(fp, target, rung.strategy, rung.nodes, gpus, micro, accum,
-                            reduce_every, rung.reshard_after_forward)
+                            reduce_every, rung.reshard_after_forward, exact)
     world = rung.nodes * gpus
     compute_bytes = 4 if fp.precision == "fp32" else 2
     cost = step_cost(
@@ -284,13 +285,23 @@ def _micro_options(spec: Spec, world: int, shrink: bool, level: int) -> list[int
     return [m for m in reversed(divisors(per_rank)) if m <= top]
 
 
+def _per_rank_pending(candidate: Plan, fp: Footprint | None = None) -> bool:
+    """Whether ``candidate`` is a sharded plan whose rank could be traced and was not (``fp``
+    None: not known whether its footprint can trace one)."""
+    return (not candidate.memory.rank_traced and candidate.strategy in TRACED_AT_WORLD_SIZE
+            and shard_degree(candidate.strategy, candidate.nodes, candidate.gpus_per_node) > 1
+            and (fp is None or fp.rank_memory_at is not None))
+
+
 def plan_on(spec: Spec, estimator: Estimator, target: Target, provider: str,
-            can_checkpoint: bool, unsplit: list[Rejection] | None = None,
+            can_checkpoint: bool, unsplit: list[Rejection] | None = None, exact: bool = False,
             ) -> tuple[Plan | None, list[Plan], list[Plan]]:
     """(first fitting plan or None, every plan evaluated, the rungs' best tries that failed).
 
     A layout whose processes cannot split the global batch the user gave is not an error but
-    a rejected option, added to ``unsplit`` (``plan`` decides whether that left anything)."""
+    a rejected option, added to ``unsplit`` (``plan`` decides whether that left anything).
+    ``exact``: a sharded plan that fits is sized from one rank traced at its world size before
+    it is taken (``plan`` asks that of the machine it chooses only: a trace takes seconds)."""
     given = spec
     gpus = spec.gpus_per_node or target.gpus
     if gpus > target.gpus:
@@ -351,6 +362,12 @@ def plan_on(spec: Spec, estimator: Estimator, target: Target, provider: str,
                         rung.strategy, rung.nodes, gpus, accum, True):
                     continue  # no accumulation: nothing to reduce earlier
                 candidate = _evaluate(spec, fp, target, rung, gpus, micro, accum, reduce_every)
+                if exact and candidate.fits and _per_rank_pending(candidate, fp):
+                    # The plan this machine would run: sized per rank, however far from
+                    # capacity the sharded estimate put it (that estimate is tens of percent
+                    # off either way); a rank that does not fit sends the search on.
+                    candidate = _evaluate(spec, fp, target, rung, gpus, micro, accum,
+                                          reduce_every, exact=True)
                 if tried is None:
                     evaluated.append(candidate)
                 tried = candidate
@@ -429,18 +446,31 @@ def _parallelism_notes(spec: Spec, provider: str, chosen: Plan | None) -> list[s
 def plan(spec: Spec, estimator: Estimator, targets: list[Target], provider: str, *,
          parameters: int | None, source: str, can_checkpoint: bool) -> PlanResult:
     chosen: Plan | None = None
-    all_plans: list[Plan] = []
     failed_on_chosen: list[Plan] = []
-    options: list[tuple[Plan, list[Plan]]] = []
     unsplit: list[Rejection] = []
-    for target in targets:
-        best, evaluated, failed = plan_on(spec, estimator, target, provider, can_checkpoint,
-                                          unsplit)
-        all_plans.extend(evaluated)
-        if best is not None:
-            options.append((best, failed))
-        elif len(targets) == 1:
-            failed_on_chosen = failed
+    searched = {t.name: plan_on(spec, estimator, t, provider, can_checkpoint, unsplit)
+                for t in targets}
+    # The machine that would be chosen is searched again with its sharded plans sized per rank
+    # (exact); should that change the choice (the rank needs more than the estimate said), the
+    # next machine is, until the choice stands on a rank's trace.
+    exact: set[str] = set()
+    while True:
+        ranked = sorted((o for o in searched.values() if o[0] is not None),
+                        key=lambda o: _rank(o[0], o[2]))  # type: ignore[arg-type]
+        top = next((o[0] for o in ranked if spec.budget is None or (
+            o[0].total_cost_usd is not None  # type: ignore[union-attr]
+            and o[0].total_cost_usd <= spec.budget)), None)  # type: ignore[union-attr]
+        if top is None or top.machine in exact or not _per_rank_pending(top):
+            break
+        exact.add(top.machine)
+        target = next(t for t in targets if t.name == top.machine)
+        searched[top.machine] = plan_on(spec, estimator, target, provider, can_checkpoint,
+                                        exact=True)
+    all_plans: list[Plan] = [p for o in searched.values() for p in o[1]]
+    options: list[tuple[Plan, list[Plan]]] = [(o[0], o[2]) for o in searched.values()
+                                              if o[0] is not None]
+    if len(targets) == 1 and not options:
+        failed_on_chosen = searched[targets[0].name][2]
     if not all_plans and unsplit:
         # Not one layout can split the batch: the pins the user wrote contradict each other.
         message, _, hint = unsplit[0].reason.partition(" (")
@@ -450,14 +480,7 @@ def plan(spec: Spec, estimator: Estimator, targets: list[Target], provider: str,
     status = ExitStatus.SUCCESS
     if options:
         def rank(option: tuple[Plan, list[Plan]]) -> tuple[int, bool, bool, float, int]:
-            # Known to fit first; a priced machine before an unpriced one (a plan whose cost
-            # nobody can know is chosen only when nothing priced fits); one machine before
-            # several (a second machine is the last remedy); then the cheapest; then the
-            # fewest changes.
-            p = option[0]
-            return (0 if p.fits else 1, p.total_cost_usd is None, p.nodes > 1,
-                    p.total_cost_usd if p.total_cost_usd is not None else math.inf,
-                    len(option[1]))
+            return _rank(*option)
         # Under a budget, a plan whose cost is unknown cannot be shown to be within it.
         within = [o for o in options if spec.budget is None or (
             o[0].total_cost_usd is not None and o[0].total_cost_usd <= spec.budget)]
@@ -509,6 +532,15 @@ def plan(spec: Spec, estimator: Estimator, targets: list[Target], provider: str,
         notes.append(foot_note)
     return PlanResult(parameters=parameters, source=source, plans=all_plans, chosen=chosen,
                       rejected=rejected, notes=notes, status=status, origins=origins)
+
+
+def _rank(p: Plan, failed: list[Plan]) -> tuple[int, bool, bool, float, int]:
+    """The order of machines' best plans: known to fit first; a priced machine before an
+    unpriced one (a plan whose cost nobody can know is chosen only when nothing priced fits);
+    one machine before several (a second machine is the last remedy); then the cheapest; then
+    the fewest changes (``failed``: the remedies tried before it)."""
+    return (0 if p.fits else 1, p.total_cost_usd is None, p.nodes > 1,
+            p.total_cost_usd if p.total_cost_usd is not None else math.inf, len(failed))
 
 
 def _smp_v2_beside(spec: Spec, estimator: Estimator, targets: list[Target], provider: str,

@@ -277,6 +277,64 @@ def test_a_sharded_plan_near_capacity_is_sized_by_its_own_ranks_trace():
     assert len(asked) == 1  # DDP: the single device's estimate is the rank's
 
 
+def test_the_chosen_sharded_plan_is_sized_per_rank_however_far_from_capacity():
+    """Far from capacity the sharded estimate is tens of percent off either way; the plan that
+    would be chosen is sized from its rank's trace all the same (issue 25), and a rank that
+    does not fit sends the search on: on this machine to full sharding, across machines to
+    the next one."""
+    from pathlib import Path
+
+    from launcher.estimate.footprint import Footprint
+    from launcher.plan.memory import Target
+    from launcher.plan.plan import Memory
+    from launcher.plan.planner import plan
+    from launcher.spec import Spec
+
+    gib = 2**30
+    # 5 Gi parameters, fp32 AdamW: 80 GiB of states; DDP overflows an 80 GiB GPU
+    single = Memory(parameters=20 * gib, gradients=20 * gib, optimizer=40 * gib,
+                    activations=4 * gib, temporary=0, peak_allocated=84 * gib)
+    asked: list[tuple[str, int, int, bool]] = []
+
+    def rank_memory_at(strategy: str, nodes: int, gpus: int, micro: int, accum: int,
+                       reshard_after_forward: bool = True) -> Memory:
+        asked.append((strategy, nodes * gpus, micro, reshard_after_forward))
+        # ZeRO-2's rank holds more than its estimate said; at 4 ranks nothing fits
+        peak = 90 * gib if not reshard_after_forward or nodes * gpus == 4 else 15 * gib
+        return Memory(parameters=3 * gib, gradients=3 * gib, optimizer=5 * gib,
+                      activations=peak - 11 * gib, temporary=0, peak_allocated=peak)
+
+    fp = Footprint(kind="traced", precision="fp32", optimizer="adamw",
+                   activation_checkpointing=False, parameters=5 * gib, unit_parameters=gib // 8,
+                   memory_at=lambda b, a=1: single, rank_memory_at=rank_memory_at,
+                   flops_per_sample=1e12)
+    spec = Spec(script=Path("train.py"), mode="recipe", global_batch_size=8,
+                activation_checkpointing=False)
+
+    def machine(name: str, gpus: int, price: float) -> Target:
+        return Target(name=name, gpus=gpus, memory_bytes=80 * gib, generation="hopper",
+                      price_per_hour=price, fp32_tflops=60.0, bf16_tflops=900.0)
+
+    result = plan(spec, lambda p, o, c: fp, [machine("eight", 8, 10.0)], "sagemaker",
+                  parameters=5 * gib, source="traced", can_checkpoint=False)
+    chosen = result.chosen
+    assert (chosen.strategy, chosen.reshard_after_forward) == ("fsdp", True)
+    assert chosen.memory.rank_traced and chosen.memory.peak_allocated == 15 * gib
+    assert chosen.memory.headroom == chosen.memory.usable - chosen.memory.total
+    # ZeRO-2 was the estimate's choice (far from capacity): its rank said no
+    assert ("fsdp", 8, 1, False) in asked and ("fsdp", 8, 1, True) in asked
+    zero2 = [p for p in result.plans if p.zero2]
+    assert zero2 and not zero2[-1].fits and zero2[-1].memory.rank_traced
+
+    # Across machines: the cheaper four-GPU machine's ranks do not fit, the eight-GPU one's do
+    asked.clear()
+    result = plan(spec, lambda p, o, c: fp,
+                  [machine("four", 4, 1.0), machine("eight", 8, 10.0)], "sagemaker",
+                  parameters=5 * gib, source="traced", can_checkpoint=False)
+    assert result.chosen.machine == "eight" and result.chosen.memory.rank_traced
+    assert {a[1] for a in asked} == {4, 8}
+
+
 # -- reduce-scatter on every micro-step (issue 14, item 3) ---------------------------------------
 
 LLAMA_13B = ("--params", "13B", "--layers", "40", "--hidden-size", "5120", "--heads", "40",
