@@ -1,6 +1,6 @@
 """Distributed strategies traced at their world size: how close to real ranks, and to the planner?
 
-Four parts (docs/benchmarks.md, "Estimator: distributed strategies at their world size", has the
+Five parts (docs/benchmarks.md, "Estimator: distributed strategies at their world size", has the
 results):
 
 1. Accuracy at world size 2 on this CPU machine. For each strategy (DDP, FSDP, hybrid sharding
@@ -17,16 +17,21 @@ results):
 3. The foreach phantom, fake only: the 67M-parameter MLP stack of docs/estimator.md (8 FSDP
    ranks, bf16_mixed, CUDA semantics) where ``FSDPMemTracker`` counted 937 MiB in the optimizer
    step: the optimizer phase's peak with foreach and for-loop AdamW.
-4. Depth scaling under a strategy, fake only: an 8-block Llama traced whole and at 2 and 4 blocks
-   extrapolated to 8, under DDP (2 ranks), FSDP (4) and hybrid sharding (2x2), with and without
-   accumulation, at micro-batches 1, 2, 4 (traced) and 8 (fitted). The product traces a
-   strategy whole; this part lifts that guard to show why.
+4. Depth scaling under a strategy, fake only: a 12-block Llama (or with ``--depth-model 7b``
+   the 32-block 7B at 8 ranks) traced whole and depth-scaled as the product scales it (a
+   sharded rank at 4 and 6 blocks), under FSDP, ZeRO-2 and hybrid sharding, every checkpointing
+   mode, with and without accumulation, at micro-batches 1, 2, 4 (traced) and 8 (fitted); DDP
+   at 2 and 4 blocks with the product's guard lifted, to show why its rank is traced whole.
+5. The planner's answer, ``--part plan``: ``launch plan`` per rank for a pinned FSDP plan
+   (full and ZeRO-2, 2 and 4 ranks) against the same plan's real gloo ranks, on the zoo's
+   models and transformers' (``hf:<name>``, bench/zoo_hf.py).
 
     .venv/bin/python bench/bench_estimate_dist.py                   # all four parts, ~10 min
     .venv/bin/python bench/bench_estimate_dist.py --part accuracy --archs gpt
     .venv/bin/python bench/bench_estimate_dist.py --part scaling --worlds 8,64
     .venv/bin/python bench/bench_estimate_dist.py --part phantom
-    .venv/bin/python bench/bench_estimate_dist.py --part depth
+    .venv/bin/python bench/bench_estimate_dist.py --part depth [--depth-model 7b]
+    .venv/bin/python bench/bench_estimate_dist.py --part plan
 """
 
 from __future__ import annotations
@@ -336,40 +341,59 @@ def scaling(directory: Path, worlds: list[int], micro_batch: int) -> dict[str, A
 
 
 DEPTH_STRATEGIES = ({"name": "ddp", "world_size": 2}, {"name": "fsdp", "world_size": 4},
+                    {"name": "fsdp", "world_size": 4, "reshard_after_forward": False},
                     {"name": "hybrid_shard", "world_size": 4, "replicas": 2})
+#: Part 4 on the 7B (``--depth-model 7b``): one rank of 8, as the preflight benchmark plans it.
+DEPTH_STRATEGIES_7B = ({"name": "fsdp", "world_size": 8},
+                       {"name": "fsdp", "world_size": 8, "reshard_after_forward": False},
+                       {"name": "hybrid_shard", "world_size": 8, "replicas": 2})
 
 
-def depth(directory: Path) -> list[dict[str, Any]]:
-    """Whole vs depth-scaled traces of an 8-block Llama under each strategy."""
-    from models_zoo import write_recipe
+def depth(directory: Path, model: str = "small") -> list[dict[str, Any]]:
+    """Whole vs depth-scaled traces of one rank, as the product traces it: a sharded rank at
+    4 and 6 blocks (``_blocks.SHARDED_DEPTHS``); DDP's rank, which the product traces whole,
+    at 2 and 4 with the guard lifted, to show why. ``model``: a 12-block Llama (``small``,
+    bf16_mixed, every checkpointing mode) or the 32-block 7B at 8 ranks (``7b``, bf16_mixed)."""
+    from models_zoo import llama_7b_config, write_recipe
 
     from launcher.estimate import traced
 
-    recipe = write_recipe("llama", directory / "llama8", layers=8)
+    if model == "7b":
+        recipe = write_recipe("llama", directory / "llama7b", **llama_7b_config())
+        strategies, modes = DEPTH_STRATEGIES_7B, (False, "selective")
+    else:
+        recipe = write_recipe("llama", directory / "llama12", layers=12)
+        strategies, modes = DEPTH_STRATEGIES, (False, "selective", True)
     guarded = traced._request
 
     def unguarded(*args: Any, **kwargs: Any) -> dict[str, Any]:
         request = guarded(*args, **kwargs)
-        request["scale_depth"] = kwargs.get("scale_depth", True)  # the guard lifted
+        request["scale_depth"] = kwargs.get("scale_depth", True)  # DDP's guard lifted
         return request
 
     rows = []
     traced._request = unguarded
     try:
-        for strategy in DEPTH_STRATEGIES:
-            for accum in (1, 2):
-                common = {"device": "cuda", "strategy": strategy, "grad_accum_steps": accum,
-                          "micro_batch_sizes": (1, 2, 4)}
-                started = time.perf_counter()
-                whole = trace_recipe(recipe, scale_depth=False, **common)
-                whole_s = time.perf_counter() - started
-                started = time.perf_counter()
-                scaled = trace_recipe(recipe, scale_depth=True, **common)
-                rows.append({"strategy": strategy, "accum": accum,
-                             "whole_s": round(whole_s, 1),
-                             "scaled_s": round(time.perf_counter() - started, 1),
-                             "peaks": {b: [whole.peak_at(b), scaled.peak_at(b)]
-                                       for b in (1, 2, 4, 8)}})
+        for strategy in strategies:
+            for mode in modes:
+                for accum in (1, 2):
+                    common = {"device": "cuda", "strategy": strategy, "grad_accum_steps": accum,
+                              "micro_batch_sizes": (1, 2, 4), "precision": "bf16_mixed",
+                              "activation_checkpointing": mode, "timeout_s": 900}
+                    started = time.perf_counter()
+                    whole = trace_recipe(recipe, scale_depth=False, **common)
+                    whole_s = time.perf_counter() - started
+                    started = time.perf_counter()
+                    scaled = trace_recipe(recipe, scale_depth=True, **common)
+                    row = {"strategy": strategy, "accum": accum, "checkpointing": mode,
+                           "depths": scaled.blocks.get("traced_depths")
+                           if hasattr(scaled, "blocks") else None,
+                           "whole_s": round(whole_s, 1),
+                           "scaled_s": round(time.perf_counter() - started, 1),
+                           "peaks": {b: [whole.peak_at(b), scaled.peak_at(b)]
+                                     for b in (1, 2, 4, 8)}}
+                    rows.append(row)
+                    print(json.dumps(row), file=sys.stderr, flush=True)
     finally:
         traced._request = guarded
     return rows
@@ -410,6 +434,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plan-archs", default="gpt,llama,hf:llama,hf:gpt2,hf:t5,hf:vit",
                         help="part 'plan': the models")
     parser.add_argument("--plan-worlds", default="2,4", help="part 'plan': the world sizes")
+    parser.add_argument("--depth-model", choices=("small", "7b"), default="small",
+                        help="part 'depth': a 12-block Llama or the 32-block 7B at 8 ranks")
     parser.add_argument("--micro-batch", type=int, default=2)
     parser.add_argument("--worlds", default="8,64")
     parser.add_argument("--json", default=None, help="also write the results here")
@@ -492,14 +518,16 @@ def main(argv: list[str] | None = None) -> int:
                   f"{_mib(r['at']['OPT'])} | {_mib(r['state'])} | "
                   f"{_mib(4 * r['parameters'] / 8)} | {_mib(r['overall'])} |")
     if args.part in ("all", "depth"):
-        rows = depth(directory)
+        rows = depth(directory, args.depth_model)
         results["depth"] = rows
-        print("\n| strategy | accumulation | b=1 | b=2 | b=4 | b=8 (fitted) | whole / scaled (s) |")
-        print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+        print("\n| strategy | checkpointing | accumulation | depths | b=1 | b=2 | b=4 "
+              "| b=8 (fitted) | whole / scaled (s) |")
+        print("| --- | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |")
         for r in rows:
             cells = " | ".join(_pct(_error(scaled, whole)) for whole, scaled in r["peaks"].values())
-            print(f"| {_label(r['strategy'], {}).split(' | ')[0]} | {r['accum']} | {cells} | "
-                  f"{r['whole_s']} / {r['scaled_s']} |")
+            mode = {False: "none", True: "full"}.get(r["checkpointing"], r["checkpointing"])
+            print(f"| {_label(r['strategy'], {}).split(' | ')[0]} | {mode} | {r['accum']} | "
+                  f"{r['depths']} | {cells} | {r['whole_s']} / {r['scaled_s']} |")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1, default=str))
     return 1 if failed else 0

@@ -127,35 +127,50 @@ def _rank_traces(recipe: Path, trace_options: dict[str, Any], budget: _Budget | 
     at its world size (a fake process group; the rendered script's own wrapping), once per
     strategy, world size and side of accumulation (a trace answers every micro-batch). A trace
     that fails or runs out of time answers None: the planner keeps its scaled estimate."""
+    from launcher.estimate.trace_result import ScaledTrace
     from launcher.estimate.traced import TraceError, trace_recipe
 
     traces: dict[tuple[str, int, int, bool, bool], Any] = {}
+    whole: set[tuple[str, int, int, bool, bool]] = set()  # traced whole, or tried
 
     def rank_memory_at(strategy: str, nodes: int, gpus: int, micro: int, accum: int,
                        reshard_after_forward: bool = True) -> Memory | None:
         world = nodes * gpus
         replicas = nodes if strategy == "hybrid_shard" else 1  # a shard group per node
         key = (strategy, world, replicas, accum > 1, reshard_after_forward)
-        if key not in traces:
+
+        def trace(**whole: bool) -> None:
             timeout = trace_options["timeout_s"]
             if budget is not None:
                 if budget.left < 5.0:  # not worth a child: the scaled figure stands
                     budget.skipped += 1
-                    return None
+                    traces.setdefault(key, None)
+                    return
                 timeout = min(timeout, budget.left)
             started = time.monotonic()
             try:
                 traces[key] = trace_recipe(
                     recipe, **{**trace_options, "grad_accum_steps": 2 if accum > 1 else 1,
-                               "timeout_s": timeout},
+                               "timeout_s": timeout, **whole},
                     strategy={"name": strategy, "world_size": world, "replicas": replicas,
                               "reshard_after_forward": reshard_after_forward})
             except TraceError:  # TraceTimeout included
-                traces[key] = None
+                traces.setdefault(key, None)
             if budget is not None:
                 budget.left -= time.monotonic() - started
-        trace = traces[key]
-        return None if trace is None else trace.memory_at(micro, accum)
+
+        if key not in traces:
+            trace()  # depth-scaled (4 and 6 blocks) where the model has a stack
+        found = traces[key]
+        if isinstance(found, ScaledTrace) and found.moment_moved(micro, accum):
+            # the two depths disagree on the peak's moment: this rank, whole (seconds more)
+            if key not in whole:
+                whole.add(key)
+                trace(scale_depth=False)
+            found = traces[key]
+            if isinstance(found, ScaledTrace):
+                return None  # the whole trace failed or had no time: the scaled figure stands
+        return None if found is None else found.memory_at(micro, accum)
 
     return rank_memory_at
 

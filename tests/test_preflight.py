@@ -32,6 +32,25 @@ def test_rank_memory_is_the_ranks_own_trace(tmp_path: Path) -> None:
         "name": "hybrid_shard", "world_size": 4, "replicas": 2}).memory_at(2, 1)
 
 
+def test_a_scaled_rank_whose_peak_moved_between_depths_is_traced_whole(tmp_path: Path) -> None:
+    """A 12-block Llama, hybrid-sharded 2 x 2 with full checkpointing, at micro-batch 8: the
+    backward's peak holds activations at 4 blocks and gradient shards at 6, so the two depths
+    do not extrapolate (+18%); the rank is traced whole instead, and answers as that trace."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    from models_zoo import write_recipe
+
+    recipe = write_recipe("llama", tmp_path, layers=12)
+    options = {**OPTIONS, "precision": "bf16_mixed", "optimizer": "adamw",
+               "activation_checkpointing": True, "device": "cuda"}
+    hybrid = {"name": "hybrid_shard", "world_size": 4, "replicas": 2}
+    scaled = trace_recipe(recipe, **options, strategy=hybrid)
+    whole = trace_recipe(recipe, **options, strategy=hybrid, scale_depth=False)
+    assert scaled.moment_moved(8, 1) and not scaled.moment_moved(2, 1)
+    assert scaled.peak_at(8, 1) > 1.1 * whole.peak_at(8, 1)
+    assert _rank_traces(recipe, dict(options))("hybrid_shard", 2, 2, 8, 1) == \
+        whole.memory_at(8, 1)
+
+
 def test_a_recipe_that_cannot_be_traced_leaves_the_scaled_estimate(tmp_path: Path) -> None:
     recipe = tmp_path / "broken.py"
     recipe.write_text("def build_model(): raise ValueError('no')\n"

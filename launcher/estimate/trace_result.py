@@ -279,6 +279,11 @@ def _memory(v: dict[str, int], optimizer_state_bytes: int) -> Memory:
     )
 
 
+#: Bytes a category may hold less at the deeper of two traced depths before the phase's peak is
+#: taken for another moment (``ScaledTrace.moment_moved``): allocator rounding, not a moment.
+MOVED_TOLERANCE = 64 * 1024
+
+
 def _depth_factor(count: int, depths: Any) -> float:
     """How far along the line through the two traced depths the real depth lies."""
     d0, d1 = depths
@@ -341,6 +346,19 @@ class ScaledTrace(TraceResult):
         return {phase: {c: max(0.0, a[phase][c] + k * (b[phase][c] - a[phase][c]))
                         for c in b[phase]}
                 for phase in b if phase in a}
+
+    def moment_moved(self, micro_batch: int, accum: int | None = None) -> bool:
+        """Whether a phase's peak is a different moment at the two traced depths, by the sign
+        a same moment cannot show: a category that holds less at the deeper one (every block
+        adds weights, gradients, state and saved activations to the same moment; nothing
+        takes any away). Then the two depths do not lie on one line and the extrapolation
+        can err either way (a hybrid-sharded rank with full checkpointing at micro-batch 8:
+        the backward's peak holds activations at 4 blocks and gradient shards at 6, +18% at
+        12 blocks); the planner traces such a rank whole."""
+        assert self.shallow is not None and self.deep is not None
+        a = self.shallow.for_accum(self.shallow._phase_breakdowns(micro_batch), accum)
+        b = self.deep.for_accum(self.deep._phase_breakdowns(micro_batch), accum)
+        return any(b[ph][c] < a[ph][c] - MOVED_TOLERANCE for ph in b if ph in a for c in b[ph])
 
     def _peak(self, micro_batch: int, accum: int | None = None) -> tuple[str, dict[str, int]]:
         phases = self.phase_breakdowns_at(micro_batch, accum)
