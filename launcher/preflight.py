@@ -12,7 +12,7 @@ import os
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +30,9 @@ from launcher.estimate.model_config import (
 )
 from launcher.estimate.states import model_states
 from launcher.options import check_environment, env_flag, env_seconds, env_word
-from launcher.plan.plan import Memory
-from launcher.plan.planner import PlanResult, plan
+from launcher.plan.memory import Target
+from launcher.plan.plan import Memory, Plan
+from launcher.plan.planner import PlanResult, plan, reevaluate
 from launcher.plan.targets import calibrated, cloud_targets, local_target
 from launcher.script_info import ScriptInfo, plain_reads
 from launcher.spec import Spec
@@ -279,8 +280,54 @@ def _hf_traced(spec: Spec, shape: ModelShape, precision: str, optimizer: str,
     return replace(analytic, note="; ".join(n for n in (note, analytic.note) if n))
 
 
+@dataclass(frozen=True)
+class _Planning:
+    """What the planner is asked with: the spec as planned (a framework's own settings, an
+    assumed length), the footprint of each precision, optimizer and checkpointing
+    (``estimator``), the machines, and what the plan's notes say of them."""
+
+    spec: Spec
+    info: ScriptInfo
+    estimator: Callable[[str, str, Any], Footprint]
+    targets: list[Target]
+    parameters: int | None
+    source: str
+    can_checkpoint: bool
+    assumed: str
+    budget: _Budget
+
+
 def preflight(spec: Spec, info: ScriptInfo, state_dir: Path | None = None,
               environ: dict[str, str] | None = None) -> PlanResult:
+    """The plan for ``spec``: every candidate the planner searched, the chosen one, and why
+    each other was rejected."""
+    p = _planning(spec, info, state_dir, environ)
+    result = plan(p.spec, p.estimator, p.targets, p.spec.provider, parameters=p.parameters,
+                  source=p.source, can_checkpoint=p.can_checkpoint)
+    result.notes.extend(n for n in p.info.notes if n not in result.notes)
+    if p.assumed:
+        result.notes.insert(0, p.assumed)
+    if p.budget.note() is not None:
+        result.notes.append(p.budget.note())  # type: ignore[arg-type]
+    return result
+
+
+def reprice(spec: Spec, info: ScriptInfo, fixed: Plan, state_dir: Path | None = None,
+            environ: dict[str, str] | None = None) -> Plan:
+    """``fixed`` (a remedy's change of a failed plan) with its memory, fit, step time and cost
+    worked out by the planner for the plan that will run, not kept from the plan it replaces
+    (a checkpointed plan recomputes, a smaller micro-batch takes more steps of the optimizer's
+    accumulation: the budget is checked against what the fixed plan costs). Its machine no
+    longer offered (a catalog changed under a long run) leaves ``fixed`` as it is."""
+    p = _planning(spec, info, state_dir, environ)
+    target = next((t for t in p.targets if t.name == fixed.machine), None)
+    if target is None:
+        return fixed
+    return reevaluate(p.spec, p.estimator, target, fixed)
+
+
+def _planning(spec: Spec, info: ScriptInfo, state_dir: Path | None,
+              environ: dict[str, str] | None) -> _Planning:
     if info.framework is not None:
         spec = _framework_spec(spec, info)
     environ = dict(os.environ if environ is None else environ)
@@ -372,16 +419,11 @@ def preflight(spec: Spec, info: ScriptInfo, state_dir: Path | None = None,
             return footprint
         return _counted(info, precision, optimizer, checkpointing)
 
-    targets = calibrated(targets, state_dir, model_key(spec.script))
-    parameters = shape.parameters if shape is not None else info.parameters
-    result = plan(spec, estimator, targets, spec.provider, parameters=parameters, source=source,
-                  can_checkpoint=can_checkpoint)
-    result.notes.extend(n for n in info.notes if n not in result.notes)
-    if assumed:
-        result.notes.insert(0, assumed)
-    if budget.note() is not None:
-        result.notes.append(budget.note())  # type: ignore[arg-type]
-    return result
+    return _Planning(
+        spec=spec, info=info, estimator=estimator,
+        targets=calibrated(targets, state_dir, model_key(spec.script)),
+        parameters=shape.parameters if shape is not None else info.parameters, source=source,
+        can_checkpoint=can_checkpoint, assumed=assumed, budget=budget)
 
 
 def _recipe_folder(state_dir: Path | None) -> Path:

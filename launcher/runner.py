@@ -427,10 +427,25 @@ class Runner:
             self.env.environ, "LAUNCH_NO_TRACE") else None
 
         reads = plain_reads(spec)
+        env = self.env
 
         def fix(plan: Any, failure: Any) -> Any:
-            return replan(plan, failure, can_checkpoint=can_checkpoint, measure=measure,
-                          reads=reads)
+            fixed = replan(plan, failure, can_checkpoint=can_checkpoint, measure=measure,
+                           reads=reads)
+            if not isinstance(fixed, tuple):
+                return fixed
+            # The plan that will run is priced by the planner, not the one it replaces: its
+            # memory, fit, step time and cost (the budget is checked against them).
+            from launcher.preflight import reprice
+
+            changed, why = fixed
+            try:
+                return reprice(spec, info, changed, env.state_dir, env.environ), why
+            except (UsageError, OSError, ValueError):
+                # a trace that cannot run now (its recipe gone): the remedy stands, its cost
+                # unknown rather than the old plan's
+                return changed.replace(cost_per_hour_usd=None, step_time_s=None,
+                                       total_cost_usd=None), why
 
         return fix
 

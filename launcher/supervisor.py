@@ -233,10 +233,17 @@ class Supervisor:
             plan, change = fixed
             faults.point("replan.chosen")
             spent = sum(a.cost_usd or 0.0 for a in attempts)
-            if spec.budget is not None and spent + (plan.total_cost_usd or 0.0) > spec.budget:
+            if spec.budget is not None and plan.total_cost_usd is None:
+                # priced by the planner (the runner's replanner); unknown, it cannot be shown
+                # to be within the budget, as the planner's rule for a first plan
+                return RunOutcome(self.run, ExitStatus.OVER_BUDGET, attempts,
+                                  f"${spent:,.2f} spent; the fixed plan's cost is unknown, so "
+                                  f"it cannot be shown to stay within the ${spec.budget:,.2f} "
+                                  "budget")
+            if spec.budget is not None and spent + plan.total_cost_usd > spec.budget:
                 return RunOutcome(self.run, ExitStatus.OVER_BUDGET, attempts,
                                   f"${spent:,.2f} spent; the fixed plan's "
-                                  f"${plan.total_cost_usd or 0:,.2f} more would pass the "
+                                  f"${plan.total_cost_usd:,.2f} more would pass the "
                                   f"${spec.budget:,.2f} budget")
             self.on_note(f"replanned: {change}")
         return RunOutcome(self.run, ExitStatus.OUT_OF_MEMORY, attempts,

@@ -115,3 +115,23 @@ def test_run_stem():
     assert run_stem(Path("/w/tinygpt/train.py")) == "tinygpt"
     assert run_stem(Path("/w/tinygpt/finetune.py")) == "finetune"
     assert NO_SCRIPT.name == "(no script)"
+
+
+def test_a_replan_is_priced_by_the_planner_for_the_plan_that_will_run(env, tiny_recipe):
+    """The supervisor's replanner (issue 26 item 4): a remedy's plan gets the step time and
+    cost the planner works out for it (checkpointing recomputes: 4/3 the step), not the failed
+    plan's, so the budget is checked against what it will cost."""
+    from launcher.plan.cost import RECOMPUTE
+
+    planned = Runner(env).plan({"script": tiny_recipe, "provider": "vertex",
+                                "machine": "a2-highgpu-1g", "region": "us-central1",
+                                "project": "my-project-123", "micro_batch_size": 1,
+                                "no_activation_checkpointing": True})
+    chosen = planned.result.chosen
+    assert chosen is not None and chosen.total_cost_usd and chosen.step_time_s
+    fix = Runner(env)._replanner(planned.spec, planned.info)
+    fixed, change = fix(chosen, {"cause": "activations", "phase": "forward"})
+    assert fixed.checkpointing == "full" and "activation checkpointing" in change
+    assert fixed.step_time_s == pytest.approx(chosen.step_time_s * RECOMPUTE["full"])
+    assert fixed.total_cost_usd == pytest.approx(chosen.total_cost_usd * RECOMPUTE["full"])
+    assert fixed.memory.capacity == chosen.memory.capacity

@@ -506,7 +506,9 @@ def plan(spec: Spec, estimator: Estimator, targets: list[Target], provider: str,
             rejected.append(reasons.smp_v2(chosen, smp))
         ranked = [o[0] for o in sorted(options, key=rank)]
         rejected += reasons.other_machines(chosen, ranked, all_plans, parameters)
-        unpriced = _unpriced_note(chosen, targets, len(targets) > 1)
+        unpriced = reasons.unpriced_note(
+            chosen, next((t for t in targets if t.name == chosen.machine), None),
+            searched=len(targets) > 1)
         if unpriced:
             notes.append(unpriced)
         if chosen.fits is None:
@@ -532,6 +534,22 @@ def plan(spec: Spec, estimator: Estimator, targets: list[Target], provider: str,
         notes.append(foot_note)
     return PlanResult(parameters=parameters, source=source, plans=all_plans, chosen=chosen,
                       rejected=rejected, notes=notes, status=status, origins=origins)
+
+
+def reevaluate(spec: Spec, estimator: Estimator, target: Target, plan: Plan) -> Plan:
+    """``plan`` (a remedy's change of a plan that failed) with the memory, fit, step time and
+    cost the planner works out for it on ``target``, at the run's global batch and steps; its
+    settings (and the note of what changed) stay the remedy's."""
+    spec = dataclasses.replace(spec, global_batch_size=plan.global_batch_size, steps=plan.steps)
+    mode = plan.checkpointing or "none"
+    rung = Rung(SHARDING.level or 3, plan.note, plan.strategy, plan.nodes, mode, False,
+                plan.reshard_after_forward)
+    fp = estimator(plan.precision, plan.optimizer, checkpointing_key(mode))
+    priced = _evaluate(spec, fp, target, rung, plan.gpus_per_node, plan.micro_batch_size,
+                       plan.grad_accum_steps, plan.reduce_every_micro_step, exact=True)
+    return plan.replace(memory=priced.memory, fits=priced.fits,
+                        cost_per_hour_usd=priced.cost_per_hour_usd,
+                        step_time_s=priced.step_time_s, total_cost_usd=priced.total_cost_usd)
 
 
 def _rank(p: Plan, failed: list[Plan]) -> tuple[int, bool, bool, float, int]:
@@ -572,21 +590,6 @@ def _smp_v2_beside(spec: Spec, estimator: Estimator, targets: list[Target], prov
         if tries[-1].fits:
             break
     return min(tries, key=lambda p: (not p.fits, p.memory.total or math.inf))
-
-
-def _unpriced_note(chosen: Plan, targets: list[Target], searched: bool) -> str | None:
-    """The chosen machine has no price: said, with the catalog's reason, and why it was
-    chosen all the same (pinned, or no priced machine fits)."""
-    if chosen.total_cost_usd is not None:
-        return None
-    target = next((t for t in targets if t.name == chosen.machine), None)
-    if target is None or target.cpu or target.name.startswith("local"):
-        return None
-    why = f" ({target.price_note})" if target.price_note else ""
-    chosen_because = ("no priced machine fits, so one without a price is chosen" if searched
-                      else "it is the machine asked for")
-    return (f"{chosen.machine} has no price in the catalog{why}: the plan's cost is unknown; "
-            f"{chosen_because}")
 
 
 def _steps_words(spec: Spec) -> str:

@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass
 
 from launcher.estimate.overheads import SAFETY_MARGIN
+from launcher.plan.memory import Target
 from launcher.plan.plan import Plan
 from launcher.remedies import CHECKPOINTING, checkpointing_label
 from launcher.units import format_bytes, format_count
@@ -321,3 +322,17 @@ def smp_v2(chosen: Plan, smp: Plan) -> Rejection:
             "(PyTorch 2.5.1); its extras (tensor parallelism, activation offloading) are not "
             f"needed here, so {chosen.strategy_label} in the stock image is kept"))
     return _rejection(option, "whether it fits is not known")
+
+
+def unpriced_note(chosen: Plan, target: Target | None, searched: bool) -> str | None:
+    """The chosen machine (``target``) has no price: said, with the catalog's reason, and why
+    it was chosen all the same (pinned, or, ``searched``, no priced machine fits)."""
+    if chosen.total_cost_usd is not None:
+        return None
+    if target is None or target.cpu or target.name.startswith("local"):
+        return None
+    why = f" ({target.price_note})" if target.price_note else ""
+    chosen_because = ("no priced machine fits, so one without a price is chosen" if searched
+                      else "it is the machine asked for")
+    return (f"{chosen.machine} has no price in the catalog{why}: the plan's cost is unknown; "
+            f"{chosen_because}")

@@ -401,3 +401,37 @@ def test_reshard_after_forward_pins_full_sharding_or_zero2(cli):
     refused = cli("plan", "--params", "7B", "--provider", "sagemaker", "--strategy", "ddp",
                   "--reshard-after-forward")
     assert refused.status == 2 and "is for fsdp and hybrid_shard" in refused.stderr
+
+
+# -- a replan is priced by the planner (issue 26 item 4) -----------------------------------------
+
+
+def test_a_remedy_s_plan_is_priced_for_what_it_changed():
+    """A remedy changes a failed plan's settings; ``reevaluate`` works out the memory, fit,
+    step time and cost of the plan that will run (they used to be kept from the old plan, and
+    the budget was checked against them)."""
+    from launcher.plan.planner import reevaluate
+    from launcher.remedies import replan
+
+    target = Target(name="box", gpus=1, cpu=True, fp32_tflops=100.0, price_per_hour=3.0,
+                    memory_bytes=round(20 * GIB / (1 - SAFETY_MARGIN)))
+    spec = Spec(script=Path("train.py"), mode="recipe", global_batch_size=2, steps=10)
+
+    def estimator(p, o, c):
+        return _footprint(c)
+
+    chosen = plan(spec, estimator, [target], "local", parameters=GIB // 16, source="traced",
+                  can_checkpoint=True).chosen
+    assert (chosen.micro_batch_size, chosen.checkpointing) == (2, "none")
+    # it died at micro-batch 1 of its activations: the remedy is full checkpointing
+    failed = chosen.replace(micro_batch_size=1, grad_accum_steps=2)
+    fixed, _ = replan(failed, {"cause": "activations", "phase": "forward"})
+    assert fixed.checkpointing == "full" and fixed.memory == failed.memory  # as it comes
+    priced = reevaluate(spec, estimator, target, fixed)
+    assert priced.memory.activations == ACTIVATIONS[True] * 1
+    assert priced.memory.peak_allocated < failed.memory.peak_allocated
+    unchanged = reevaluate(spec, estimator, target, failed)
+    assert priced.step_time_s == pytest.approx(unchanged.step_time_s * RECOMPUTE["full"])
+    assert priced.total_cost_usd == pytest.approx(unchanged.total_cost_usd * RECOMPUTE["full"])
+    assert priced.fits is True
+    assert (priced.note, priced.checkpointing) == (fixed.note, "full")
