@@ -96,6 +96,18 @@ def training_step(model, batch):
 """
 
 
+def test_a_sharded_plan_of_a_model_without_blocks_is_sized_by_its_ranks_trace(
+        cli, write_script) -> None:
+    """No wrap_modules(): no unit for the sharded estimate to gather, so its peak is unknown
+    ("fits ?"); the chosen plan is sized by tracing its rank all the same (issue 25: a
+    Trainer script's FSDP plan answered ">1008.2 KiB, fits ?")."""
+    script = write_script(NO_WRAP)
+    chosen = cli("plan", str(script), "--strategy", "fsdp", "--gpus-per-node", "2", "--json",
+                 environ={"LAUNCH_NO_TRACE": "0"}).json()["chosen"]
+    assert chosen["memory"]["rank_traced"] is True and chosen["fits"] is True
+    assert chosen["memory"]["peak_allocated"] > 0 and chosen["memory"]["headroom"] > 0
+
+
 def test_a_pinned_checkpointing_the_recipe_cannot_apply_is_refused_before_any_job(
         cli, write_script) -> None:
     """Without wrap_modules() there are no blocks to checkpoint: refused at the plan (exit 2,

@@ -362,7 +362,7 @@ def plan_on(spec: Spec, estimator: Estimator, target: Target, provider: str,
                         rung.strategy, rung.nodes, gpus, accum, True):
                     continue  # no accumulation: nothing to reduce earlier
                 candidate = _evaluate(spec, fp, target, rung, gpus, micro, accum, reduce_every)
-                if exact and candidate.fits and _per_rank_pending(candidate, fp):
+                if exact and candidate.fits is not False and _per_rank_pending(candidate, fp):
                     # The plan this machine would run: sized per rank, however far from
                     # capacity the sharded estimate put it (that estimate is tens of percent
                     # off either way); a rank that does not fit sends the search on.
