@@ -244,11 +244,11 @@ def _progress(env: Environment, quiet: bool) -> Callable[[str], Any]:
 @cli.command("plan", cls=ScriptCommand)
 @functools.partial(plan_options, script_required=False, own=PLAN_ONLY)
 def plan_command(as_json: bool, debug: bool, report_path: Path | None, show_all: bool,
-                 strict: bool | None, **options: Any) -> None:
+                 strict: bool | None, out_dir: Path | None, **options: Any) -> None:
     """Dry run: estimate, choose a plan, show it. Starts nothing, spends nothing."""
     env = _env()
     planned = Runner(env).plan(*_plan_inputs(options), dry_run=True, report=report_path,
-                               progress=_progress(env, as_json))
+                               progress=_progress(env, as_json), out=out_dir)
     unchecked = _unchecked(env, planned, strict)
     if as_json:
         data = planned.to_dict()

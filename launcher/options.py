@@ -130,6 +130,9 @@ PLAN_ONLY: tuple[Option, ...] = (
            "bool", param_name="show_all"),
     Option("--report", "Also write the plan as an HTML page (a CI artifact).", "path",
            param_name="report_path"),
+    Option("--out", "Also write the chosen plan's job folder here (a new or empty folder): "
+           "the rendered script, plan.json and the exact request, as the first attempt would "
+           "run them.", "path", param_name="out_dir"),
     Option("--strict/--no-strict",
            "Exit 2 when a cloud plan has no request to check (a region, role or bucket "
            "missing). On by default where CI is set, as on every CI service.", "bool"),

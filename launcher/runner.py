@@ -200,7 +200,7 @@ class Runner:
     # -- plan ----------------------------------------------------------------------------------
 
     def plan(self, options: Mapping[str, Any], origins: Mapping[str, str] | None = None, *,
-             dry_run: bool = False, report: Path | None = None,
+             dry_run: bool = False, report: Path | None = None, out: Path | None = None,
              progress: Progress = _quiet) -> PlannedRun:
         """Script -> spec -> plan. ``options``: the run or plan command's options by parameter
         name (``script``, ``provider``, ``micro_batch_size`` ...; a relative path is the
@@ -210,13 +210,28 @@ class Runner:
 
         A dry run may plan for a cloud whose adapter is not built yet, or that lacks a setting
         (a note says what request is lost); it also writes the plan as an HTML page to
-        ``report`` and builds the exact request a cloud would be sent (``request``).
+        ``report`` and builds the exact request a cloud would be sent (``request``). ``out``:
+        a new or empty folder to write the chosen plan's job into (``_write_job``).
         """
+        if out is not None:
+            from launcher.dry_run import check_new_folder
+
+            out = out if out.is_absolute() else self.env.cwd / out
+            check_new_folder(out)  # before any child runs: a plan takes seconds
         planned = self._plan(dict(options), dict(origins or {}), dry_run, progress)
         if dry_run:
             if report is not None:
                 self._write_report(planned, report)
-            planned.request = self._dry_request(planned)
+            from launcher.dry_run import dry_request
+
+            planned.request = dry_request(planned.spec, planned.result, planned.provider,
+                                          self.env.state_dir, _no_script(planned.spec))
+        if out is not None:
+            from launcher.dry_run import write_job_folder
+
+            planned.result.notes.append(write_job_folder(
+                planned.spec, planned.result.chosen, planned.provider, out, self.env.state_dir,
+                _no_script(planned.spec)))
         return planned
 
     def _plan(self, options: dict[str, Any], origins: dict[str, str], dry_run: bool,
@@ -338,34 +353,6 @@ class Runner:
         write_through(path, plan_html(planned.result, f"{spec.script.name} on {spec.provider}",
                                       shown_command(self.env.argv)), "report")
 
-    def _dry_request(self, planned: PlannedRun) -> dict[str, Any] | None:
-        """The exact request a cloud provider would send for the chosen plan (torchx's dry run).
-
-        ``None`` for the local provider, when nothing fits, or when the request cannot be built
-        (a missing role or bucket): then a note says why, and the plan still stands.
-        """
-        from launcher.supervisor import build_job
-
-        spec, result, provider = planned.spec, planned.result, planned.provider
-        if spec.provider == "local" or result.chosen is None:
-            return None
-        if spec.script.name == NO_SCRIPT.name:
-            result.notes.append(f"no {spec.provider} request: no script to render (give the "
-                                "SCRIPT to see the exact request)")
-            return None
-        if provider is None:
-            return None
-        run_path = self.env.state_dir / "runs" / "dry-run"
-        try:
-            job = build_job(spec, result.chosen, "dry-run", 1, run_path)
-            request: dict[str, Any] = provider.dryrun(job).to_dict()
-            return request
-        except BadValue:
-            raise
-        except LaunchError as exc:
-            result.notes.append(f"no {spec.provider} request: {exc}")
-            return None
-
     # -- run -----------------------------------------------------------------------------------
 
     def run(self, planned: PlannedRun, *, on_line: Callable[[str], None] = _ignore,
@@ -434,16 +421,12 @@ class Runner:
                            reads=reads)
             if not isinstance(fixed, tuple):
                 return fixed
-            # The plan that will run is priced by the planner, not the one it replaces: its
-            # memory, fit, step time and cost (the budget is checked against them).
             from launcher.preflight import reprice
 
             changed, why = fixed
-            try:
+            try:  # priced by the planner for what will run (the budget is checked against it)
                 return reprice(spec, info, changed, env.state_dir, env.environ), why
-            except (UsageError, OSError, ValueError):
-                # a trace that cannot run now (its recipe gone): the remedy stands, its cost
-                # unknown rather than the old plan's
+            except (UsageError, OSError, ValueError):  # no trace now: its cost is unknown
                 return changed.replace(cost_per_hour_usd=None, step_time_s=None,
                                        total_cost_usd=None), why
 
@@ -605,6 +588,11 @@ def _recordable(options: Mapping[str, Any]) -> dict[str, Any]:
         if isinstance(value, (str, int, float, bool)):
             kept[key] = value
     return kept
+
+
+def _no_script(spec: Spec) -> bool:
+    """A model described with no script (``launch plan --params 7B``): nothing to render."""
+    return spec.script.name == NO_SCRIPT.name
 
 
 def run_stem(script: Path) -> str:
