@@ -4,10 +4,10 @@ Both are read from the source with ``ast`` (nothing is imported), so a circle th
 inside a function, at run time, is found as well as one between module tops: a function-level
 import is still a dependency, and a circle through one is what makes a module impossible to
 read, move or test on its own. Imports under ``if TYPE_CHECKING:`` count too (a circle of types
-is still a circle). Only the body of ``if __name__ == "__main__":`` is left out: there the file
-runs as the module ``__main__``, a different module object from its importable name, so an
-import there cannot close a circle through it (``python -m launcher.estimate._trace_dist`` starts
-a rank that imports the modules that import ``_trace_dist``).
+is still a circle), and so do those in the body of ``if __name__ == "__main__":`` (there the
+file runs as the module ``__main__``, so Python would not loop; a reader following the imports
+still would: ``_trace_dist``'s rank entry point imported ``_measure``, which imports it, until
+the entry point moved to ``_measure``, issue 26).
 """
 
 from __future__ import annotations
@@ -129,7 +129,7 @@ def _edges() -> dict[str, dict[str, int]]:
     edge to ``pkg.sub``; the implicit import of parent packages is not an edge."""
     graph: dict[str, dict[str, int]] = {name: {} for name in MODULES}
     for name in MODULES:
-        for imp in _imports(name):
+        for imp in _imports(name, main_block=True):
             targets = [f"{imp.module}.{n}" for n in imp.names if f"{imp.module}.{n}" in MODULES]
             if len(targets) < len(imp.names) or not imp.names:
                 targets.append(imp.module)  # names defined in the module itself

@@ -3,7 +3,7 @@
 ``measure`` runs the same step as a trace (``_trace_step``) on real CPU tensors under
 ``torch.profiler``'s memory events and returns its peak (bench/bench_estimate_cpu.py and the
 tests compare it with the estimate); ``rank_main`` is one rank of a real gloo world doing the
-same (``python -m launcher.estimate._trace_dist``, bench/bench_estimate_dist.py).
+same (``python -m launcher.estimate._measure``, bench/bench_estimate_dist.py).
 ``allocator_peak`` measures one call the same way, for the tracker's probes (``_tracker``).
 """
 
@@ -139,3 +139,8 @@ def rank_main() -> None:
         dist.destroy_process_group()
     protocol.write(json.dumps(answer))
     protocol.flush()
+
+
+if __name__ == "__main__":
+    # One rank of a real gloo world (bench/bench_estimate_dist.py starts one per rank).
+    rank_main()

@@ -324,11 +324,3 @@ def peak_without_backend(prof: Any) -> dict[str, int]:
             raw_peak, backend_at_raw_peak = total - baseline, total - baseline - live
     return {"peak": peak, "raw_peak": raw_peak, "backend_bytes_at_raw_peak": backend_at_raw_peak,
             "late_frees": late, "unmatched_bytes": unmatched, "threads": len(per_thread)}
-
-
-if __name__ == "__main__":
-    # One rank of a real gloo world (bench/bench_estimate_dist.py starts one per rank). It lives
-    # in _measure, which imports this module: run as __main__, this file is not that module.
-    from launcher.estimate._measure import rank_main
-
-    rank_main()
