@@ -133,9 +133,11 @@ def test_plan_json_contract(cli, tiny_recipe):
         assert key in chosen
     assert (chosen["micro_batch_size"], chosen["grad_accum_steps"]) == (2, 2)
     assert chosen["global_batch_size"] == 4  # from LAUNCH
+    # issue 25 added rank_traced (one rank traced at its world size), usable and headroom
     assert set(chosen["memory"]) == {"parameters", "gradients", "optimizer", "activations",
                                      "temporary", "framework_overhead", "peak_allocated",
-                                     "peak_reserved", "total", "capacity"}
+                                     "peak_reserved", "total", "capacity", "rank_traced",
+                                     "usable", "headroom"}
     params = data["model"]["parameters"]
     assert chosen["memory"]["parameters"] == 4 * params
     assert chosen["memory"]["optimizer"] == 8 * params
