@@ -22,11 +22,18 @@ from launcher.status import BadValue, LaunchError, UsageError
 if TYPE_CHECKING:
     from launcher.plan.plan import Plan
     from launcher.plan.planner import PlanResult
-    from launcher.providers.base import Provider
+    from launcher.providers.base import Job, Provider
     from launcher.spec import Spec
 
 #: The request's file in the job folder.
 REQUEST_FILE = "request.json"
+
+
+def _first_attempt(spec: Spec, chosen: Plan, state_dir: Path) -> Job:
+    """The job the chosen plan's first attempt would run (a run's attempts are built so too)."""
+    from launcher.supervisor import build_job
+
+    return build_job(spec, chosen, "dry-run", 1, state_dir / "runs" / "dry-run")
 
 
 def dry_request(spec: Spec, result: PlanResult, provider: Provider | None, state_dir: Path,
@@ -38,8 +45,6 @@ def dry_request(spec: Spec, result: PlanResult, provider: Provider | None, state
     (a missing role or bucket): then a note says why, and the plan still stands. A bad value
     (a region the SDK publishes no image in) is the user's to fix: raised.
     """
-    from launcher.supervisor import build_job
-
     if spec.provider == "local" or result.chosen is None:
         return None
     if no_script:
@@ -49,8 +54,8 @@ def dry_request(spec: Spec, result: PlanResult, provider: Provider | None, state
     if provider is None:
         return None
     try:
-        job = build_job(spec, result.chosen, "dry-run", 1, state_dir / "runs" / "dry-run")
-        request: dict[str, Any] = provider.dryrun(job).to_dict()
+        request: dict[str, Any] = provider.dryrun(
+            _first_attempt(spec, result.chosen, state_dir)).to_dict()
         return request
     except BadValue:
         raise
@@ -71,15 +76,14 @@ def write_job_folder(spec: Spec, chosen: Plan | None, provider: Provider | None,
     """Write ``chosen``'s first attempt into ``out``; the sentence the plan's notes say of it
     (what was written, or why nothing was: no plan fits, no script, no request)."""
     from launcher.runs import atomic_write
-    from launcher.supervisor import build_job
 
     if chosen is None:
         return f"nothing written to {out}: no plan fits"
     if no_script:
         return f"nothing written to {out}: no script to render (give the SCRIPT)"
     check_new_folder(out)  # again: the plan took seconds
-    job = build_job(spec, chosen, "dry-run", 1, state_dir / "runs" / "dry-run")
-    job = dataclasses.replace(job, job_dir=out, attempt_dir=out)
+    job = dataclasses.replace(_first_attempt(spec, chosen, state_dir), job_dir=out,
+                              attempt_dir=out)
     job.rendered.write(out)
     written = f"{len(job.rendered.files)} file(s)"
     if provider is None:

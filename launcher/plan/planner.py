@@ -455,11 +455,12 @@ def plan(spec: Spec, estimator: Estimator, targets: list[Target], provider: str,
     # next machine is, until the choice stands on a rank's trace.
     exact: set[str] = set()
     while True:
-        ranked = sorted((o for o in searched.values() if o[0] is not None),
-                        key=lambda o: _rank(o[0], o[2]))  # type: ignore[arg-type]
-        top = next((o[0] for o in ranked if spec.budget is None or (
-            o[0].total_cost_usd is not None  # type: ignore[union-attr]
-            and o[0].total_cost_usd <= spec.budget)), None)  # type: ignore[union-attr]
+        # each machine's best plan, with the remedies tried before it
+        options = [(best, failed) for best, _, failed in searched.values() if best is not None]
+        # Under a budget, a plan whose cost is unknown cannot be shown to be within it.
+        within = [o for o in options if spec.budget is None or (
+            o[0].total_cost_usd is not None and o[0].total_cost_usd <= spec.budget)]
+        top = min(within, key=lambda o: _rank(*o))[0] if within else None
         if top is None or top.machine in exact or not _per_rank_pending(top):
             break
         exact.add(top.machine)
@@ -467,8 +468,6 @@ def plan(spec: Spec, estimator: Estimator, targets: list[Target], provider: str,
         searched[top.machine] = plan_on(spec, estimator, target, provider, can_checkpoint,
                                         exact=True)
     all_plans: list[Plan] = [p for o in searched.values() for p in o[1]]
-    options: list[tuple[Plan, list[Plan]]] = [(o[0], o[2]) for o in searched.values()
-                                              if o[0] is not None]
     if len(targets) == 1 and not options:
         failed_on_chosen = searched[targets[0].name][2]
     if not all_plans and unsplit:
@@ -481,9 +480,6 @@ def plan(spec: Spec, estimator: Estimator, targets: list[Target], provider: str,
     if options:
         def rank(option: tuple[Plan, list[Plan]]) -> tuple[int, bool, bool, float, int]:
             return _rank(*option)
-        # Under a budget, a plan whose cost is unknown cannot be shown to be within it.
-        within = [o for o in options if spec.budget is None or (
-            o[0].total_cost_usd is not None and o[0].total_cost_usd <= spec.budget)]
         if not within:
             cheapest = min(options, key=rank)[0]
             cost = ("an unknown amount" if cheapest.total_cost_usd is None

@@ -117,7 +117,7 @@ def _failed(failed: list[Plan], parameters: int | None) -> list[Rejection]:
             out.append(_rejection(option, (
                 f"needs {format_bytes(m.total)} per GPU ({format_bytes(m.activations)} of it "
                 f"activations at micro-batch {plan.micro_batch_size}), more than the "
-                f"{format_bytes(int(m.capacity * (1 - SAFETY_MARGIN)))} usable of its "
+                f"{format_bytes(m.usable)} usable of its "
                 f"{format_bytes(m.capacity)} ({SAFETY_MARGIN:.0%} kept free)") + (
                 "; ZeRO-2 keeps every block's gathered weights from its forward to its "
                 "backward, the whole model's at the end of the forward" if plan.zero2 else "")))
@@ -158,7 +158,7 @@ def reduce_every_micro_step(chosen: Plan, failed: list[Plan]) -> list[Rejection]
         step = f" (step {same[0].step_time_s:.2f} s -> {chosen.step_time_s:.2f} s)"
     m = same[0].memory if same else None
     needs = (f" and needs {format_bytes(m.total)}, more than the "
-             f"{format_bytes(int(m.capacity * (1 - SAFETY_MARGIN)))} usable"
+             f"{format_bytes(m.usable)} usable"
              if m is not None and m.total is not None and m.capacity is not None
              else " and does not fit")
     return [_rejection(
@@ -180,7 +180,7 @@ def checkpointing_and_zero2(chosen: Plan) -> list[Rejection]:
     if chosen.zero2:
         m = chosen.memory
         fits = (f" ({format_bytes(m.total)} of the "
-                f"{format_bytes(int(m.capacity * (1 - SAFETY_MARGIN)))} usable per GPU)"
+                f"{format_bytes(m.usable)} usable per GPU)"
                 if m.total is not None and m.capacity is not None else "")
         out.append(_rejection(f"full sharding ({chosen.strategy}, parameters resharded after "
                               "forward)", (
@@ -306,7 +306,7 @@ def smp_v2(chosen: Plan, smp: Plan) -> Rejection:
     option = (f"{_where(smp)}, micro-batch {smp.micro_batch_size}{_checkpointed(smp)} "
               "(SageMaker's model-parallel library)")
     if smp.fits is False and m.total is not None and m.capacity is not None:
-        usable = format_bytes(int(m.capacity * (1 - SAFETY_MARGIN)))
+        usable = format_bytes(m.usable)
         held = ""
         if m.model_states != c.model_states and smp.nodes > 1:
             held = (f"its default shard groups of one node ({smp.gpus_per_node} GPUs) hold "
