@@ -830,7 +830,7 @@ def test_a_flooding_16_rank_job_is_stopped_within_a_poll_of_its_oom_and_logged_w
     latency = job.first_stop_at - job.oom_logged_at
     assert latency > 0  # how soon: bench/bench_cloud_stop.py (the note below says through what)
     record("sagemaker_16_ranks_5000_lines_per_s", stop_after_oom_s=round(latency, 3),
-           events_interval_s=p.settings.events_interval_s)
+           events_interval_s=p.settings.events_interval_s, flood_lines_per_s=round(job.flood_rate))
     assert job.stop_calls == 1 and job.status == "Stopped"
     assert outcome.status == ExitStatus.OUT_OF_MEMORY
     assert (attempt.outcome, attempt.diagnosis["rank"]) == ("oom", 11)
@@ -843,7 +843,12 @@ def test_a_flooding_16_rank_job_is_stopped_within_a_poll_of_its_oom_and_logged_w
 
     output = [x for x in lines if not x.startswith("[sagemaker]")]
     written = sum(len(v) for v in job.written.values())
-    assert len(output) == written == 15_000 + 5 and job.flood_rate > 4_750  # + the OOM lines
+    assert len(output) == written == 15_000 + 5  # + the OOM lines
+    # The flood shares this interpreter with the follower it floods, so on a busy CI host its
+    # last batch lands late (4,480 lines/s once, 3.35 s for 15,000): the check is that it was a
+    # flood, more than the busy account lets one reader page (10 GetLogEvents a second of 200
+    # lines), not that the host was idle.
+    assert job.flood_rate > 3_000, job.flood_rate
     for host, host_lines in job.written.items():
         assert [x for x in output if x.startswith(f"[{host}] ")] == [
             f"[{host}] {x}" for x in host_lines]
