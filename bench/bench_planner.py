@@ -1,6 +1,11 @@
 """How long a full plan search takes: both clouds' catalogs, every strategy and micro-batch.
 
     .venv/bin/python bench/bench_planner.py [--repeat 5]
+    .venv/bin/python bench/bench_planner.py --repeat 1 --dump plans.json   # every plan, as JSON
+
+``--dump`` writes both searches' whole answers (`launch plan --json`'s contract: every candidate
+with its memory and cost, the choice, every rejection and note): a change meant to keep the plans
+as they were (a refactor) is checked by comparing two dumps byte for byte (``cmp``).
 
 Plans a Llama-2-7B-shaped model (analytic footprint, from its config.json values) for every
 machine of the Vertex AI and SageMaker catalogs, with nothing pinned, so the planner walks every
@@ -11,6 +16,7 @@ scaled footprint instead of re-tracing. Target: under 2 s for both providers tog
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import time
@@ -29,7 +35,7 @@ LLAMA2_7B = {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 11
              "vocab_size": 32000, "max_position_embeddings": 4096}
 
 
-def search(provider: str) -> tuple[int, str]:
+def search(provider: str, dump: dict[str, object] | None = None) -> tuple[int, str]:
     shape = shape_from_config(LLAMA2_7B, seq_len=4096)
     spec = Spec(script=Path("train.py"), mode="script", provider=provider, global_batch_size=256,
                 steps=1000, params=shape.parameters, precision="bf16_mixed")
@@ -40,6 +46,8 @@ def search(provider: str) -> tuple[int, str]:
 
     result = plan(spec, estimator, cloud_targets(provider, spec), provider,
                   parameters=shape.parameters, source="config", can_checkpoint=True)
+    if dump is not None:
+        dump[provider] = result.to_dict()
     chosen = result.chosen
     what = "none" if chosen is None else (
         f"{chosen.strategy} {chosen.nodes}x{chosen.gpus_per_node} {chosen.machine} "
@@ -51,12 +59,16 @@ def search(provider: str) -> tuple[int, str]:
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--dump", type=Path, help="write every plan of both searches here (JSON)")
     args = parser.parse_args()
     times = []
+    dump: dict[str, object] = {}
     for _ in range(args.repeat):
         start = time.perf_counter()
-        counts = [search(p) for p in ("vertex", "sagemaker")]
+        counts = [search(p, dump) for p in ("vertex", "sagemaker")]
         times.append(time.perf_counter() - start)
+    if args.dump:
+        args.dump.write_text(json.dumps(dump, indent=1, sort_keys=True) + "\n", encoding="utf-8")
     for provider, (n, what) in zip(("vertex", "sagemaker"), counts, strict=True):
         print(f"{provider}: {n} candidates recorded; chosen: {what}")
     print(f"full search, both providers: median {statistics.median(times) * 1000:.0f} ms, "

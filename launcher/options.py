@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from launcher.providers import names as provider_names
+from launcher.strategies import NAMES as strategy_names
 
 #: What an option's or config key's value must be: ``count`` and ``size`` are numbers or text
 #: like ``7B`` and ``2GiB``; ``path`` is text; ``args`` a list of strings (``script_args``).
@@ -71,7 +72,7 @@ CLOUDS = tuple(name for name in provider_names() if name != "local")
 PLAN_OPTIONS: tuple[Option, ...] = (
     Option("--provider", f"Where to run: {either(provider_names())}.", envvar="LAUNCH_PROVIDER",
            default="local", show_default=True),
-    Option("--strategy", "Pin the strategy: single, ddp, fsdp, hybrid_shard, smp_v2."),
+    Option("--strategy", f"Pin the strategy: {', '.join(strategy_names)}."),
     Option("--machine", "Pin the machine type (cloud providers)."),
     Option("--nodes", "Pin the number of nodes.", "int"),
     Option("--gpus-per-node", "Pin the processes per node (GPUs; CPU processes on the local CPU).",

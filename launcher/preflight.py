@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from launcher import remedies
+from launcher import remedies, strategies
 from launcher.estimate.analytic import ModelShape
 from launcher.estimate.calibration import model_key
 from launcher.estimate.footprint import Footprint, from_shape
@@ -137,7 +137,7 @@ def _rank_traces(recipe: Path, trace_options: dict[str, Any], budget: _Budget | 
     def rank_memory_at(strategy: str, nodes: int, gpus: int, micro: int, accum: int,
                        reshard_after_forward: bool = True) -> Memory | None:
         world = nodes * gpus
-        replicas = nodes if strategy == "hybrid_shard" else 1  # a shard group per node
+        replicas = strategies.get(strategy).replicas(nodes)  # a shard group per node
         key = (strategy, world, replicas, accum > 1, reshard_after_forward)
 
         def trace(**whole: bool) -> None:

@@ -21,6 +21,7 @@ from typing import Any, Literal
 
 import jinja2
 
+from launcher import strategies
 from launcher.plan.plan import PRECISIONS, Plan
 from launcher.runs import atomic_write
 
@@ -120,13 +121,15 @@ def render_script(strategy: str) -> str:
     """The training script for ``strategy``. It does not depend on the plan's values, only on its
     strategy; ``ValueError`` names the strategies that have a template."""
     known = available_strategies()
-    if strategy not in known:
+    registered = strategies.STRATEGIES.get(strategy)  # its template: the registry says
+    template = registered.template if registered else strategy + TEMPLATE_SUFFIX
+    if template.removesuffix(TEMPLATE_SUFFIX) not in known:
         raise ValueError(
             f"no training template for strategy {strategy!r} yet; templates exist for: "
             f"{', '.join(known)}"
         )
     # An empty context: with StrictUndefined, any {{ value }} in a template fails here.
-    return _environment().get_template(strategy + TEMPLATE_SUFFIX).render()
+    return _environment().get_template(template).render()
 
 
 def render_framework_script() -> str:

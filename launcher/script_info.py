@@ -66,6 +66,12 @@ class ScriptInfo:
         return self.framework is None and self.framework_recipe is not None
 
 
+#: What a plain script does across processes by itself (``script_parallelism``): it replicates
+#: the model (runs DDP or an all-reduce of its own), it shards it (FSDP). The words are the
+#: strategies' names, which ``Strategy.script_parallelism`` gives.
+REPLICATES = "ddp"
+SHARDS = "fsdp"
+
 #: Names a script's source uses when it runs data parallelism itself (DDP, or an all-reduce of
 #: its own after ``init_process_group``), and when it shards its model (FSDP1, FSDP2).
 _DDP_NAMES = frozenset({"DistributedDataParallel", "init_process_group"})
@@ -94,8 +100,8 @@ def script_parallelism(path: Path) -> tuple[str, ...]:
             names.add(node.name.rsplit(".", 1)[-1])
         elif isinstance(node, ast.ImportFrom) and node.module and ".fsdp" in node.module:
             names.add("fully_shard")
-    found = tuple(kind for kind, words in (("ddp", _DDP_NAMES | _FSDP_NAMES),
-                                           ("fsdp", _FSDP_NAMES)) if names & words)
+    found = tuple(kind for kind, words in ((REPLICATES, _DDP_NAMES | _FSDP_NAMES),
+                                           (SHARDS, _FSDP_NAMES)) if names & words)
     return found
 
 

@@ -23,10 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from launcher import strategies
 from launcher.estimate.analytic import ATTENTION
 from launcher.estimate.footprint import OPTIMIZER_IMPLEMENTATIONS
 from launcher.options import ConfigKey, config_keys, option_keys
-from launcher.plan.plan import CHECKPOINTING, OPTIMIZERS, PRECISIONS, STRATEGIES
+from launcher.plan.plan import CHECKPOINTING, OPTIMIZERS, PRECISIONS
 from launcher.providers import names as provider_names
 from launcher.script_info import ScriptInfo, script_parallelism
 from launcher.status import UsageError
@@ -472,9 +473,8 @@ def _validate(spec: Spec, labels: Mapping[str, str] | None = None,
                   lambda name: (labels or {}).get(name) or _flag(name))
     refuse_recipe_args(spec.script, spec.mode, spec.script_args,
                        (labels or {}).get("script_args") or _flag("script_args"))
-    if spec.strategy == "smp_v2" and spec.provider != "sagemaker":
-        raise UsageError("smp_v2 is SageMaker's model-parallel library and runs only there",
-                         "use --provider sagemaker, or --strategy fsdp / hybrid_shard")
+    if refused := strategies.elsewhere(spec.strategy, spec.provider):
+        raise UsageError(*refused)
     if (spec.mode == "script" and spec.params is None and spec.model_config is None
             and spec.framework is None and not spec.captured):  # traced from what it builds
         raise UsageError(
@@ -503,7 +503,7 @@ def _check_fields(values: Mapping[str, Any], label: Callable[[str], str]) -> Non
                              f"choose one of {', '.join(allowed)}")
 
     choice("provider", provider_names())  # the registry (launcher/providers/__init__.py)
-    choice("strategy", STRATEGIES)
+    choice("strategy", strategies.NAMES)
     choice("precision", PRECISIONS)
     choice("optimizer", OPTIMIZERS)
     choice("attention", ATTENTION)

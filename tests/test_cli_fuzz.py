@@ -32,8 +32,9 @@ from launcher import recipe as recipe_module
 from launcher.cli import _kind
 from launcher.cli import cli as launch_group
 from launcher.options import config_keys
-from launcher.plan.plan import OPTIMIZERS, PRECISIONS, STRATEGIES
+from launcher.plan.plan import OPTIMIZERS, PRECISIONS
 from launcher.spec import LAUNCH_KEYS
+from launcher.strategies import NAMES as STRATEGIES
 
 SEED = 16
 CASES = 400

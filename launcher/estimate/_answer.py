@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from launcher import strategies
 from launcher.estimate._fit import fit
 from launcher.estimate.trace_result import (
     PHASES,
@@ -168,7 +169,7 @@ def result(answer: dict[str, Any], request: dict[str, Any]) -> TraceResult:
         host_peak_rss_bytes=answer.get("host_peak_rss_bytes"),
         timings=dict(answer.get("timings", {})),
         flops_per_sample=facts.get("flops_per_sample"),
-        strategy=(request.get("strategy") or {}).get("name", "single"),
+        strategy=(request.get("strategy") or {}).get("name", strategies.SINGLE),
         script_sha256=answer.get("script_sha256"),
         allocator=_replay(answer),
     )

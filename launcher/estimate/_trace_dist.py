@@ -33,8 +33,6 @@ from typing import Any
 
 import torch
 
-STRATEGIES = ("ddp", "fsdp", "hybrid_shard")
-
 _MESHES: dict[tuple[Any, ...], Any] = {}
 
 

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from launcher import strategies
 from launcher.estimate import _script
 from launcher.estimate._blocks import SCALED_DEPTHS, SHARDED_DEPTHS
 from launcher.estimate._trace_step import (
@@ -316,7 +317,8 @@ def _scaled_trace(request: dict[str, Any], recipe: ModuleType, mode: str,
     if not request.get("scale_depth"):
         return _trace(request, recipe, mode)
     strategy = (request.get("strategy") or {}).get("name")
-    shallow, deep = SHARDED_DEPTHS if strategy in ("fsdp", "hybrid_shard") else SCALED_DEPTHS
+    scaled_rank = strategy is not None and strategies.get(strategy).rank_trace == "depth_scaled"
+    shallow, deep = SHARDED_DEPTHS if scaled_rank else SCALED_DEPTHS
     try:
         # At depth 2 the step process (one full step) has less to do than the micro process
         # (two sizes): it takes the smallest size too, for even halves. A sharded rank's

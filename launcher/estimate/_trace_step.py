@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from launcher import strategies
 from launcher.estimate import _script
 from launcher.estimate._blocks import truncate_blocks
 from launcher.plan.plan import checkpointing_mode
@@ -132,7 +133,7 @@ def build(request: dict[str, Any], recipe: ModuleType, device: torch.device, fak
 
 def strategy_name(request: dict[str, Any]) -> str:
     """The rendered script a request traces: its strategy's, else the single-device one."""
-    return (request.get("strategy") or {}).get("name", "single")
+    return (request.get("strategy") or {}).get("name", strategies.SINGLE)
 
 
 def script_plan(request: dict[str, Any]) -> dict[str, Any]:
@@ -151,7 +152,7 @@ def script_plan(request: dict[str, Any]) -> dict[str, Any]:
         "grad_accum_steps": int(request["grad_accum_steps"]),
         "micro_batch_size": 1,
         "seed": request.get("seed", 0),
-        "strategy": strategy.get("name", "single"),
+        "strategy": strategy.get("name", strategies.SINGLE),
         "nodes": replicas,
         "gpus_per_node": world // replicas,
         "hybrid_shard_degree": world // replicas,

@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal
 
+from launcher import strategies
 from launcher.plan.plan import Memory
 
 Kind = Literal["traced", "real_run", "upper_bound"]
@@ -129,7 +130,7 @@ class TraceResult:
     host_peak_rss_bytes: int | None = None
     timings: dict[str, float] = field(default_factory=dict)
     flops_per_sample: float | None = None  # with count_flops: forward + backward of one sample
-    strategy: str = "single"  # the strategy traced (ddp, fsdp, hybrid_shard: one rank of it)
+    strategy: str = strategies.SINGLE  # the strategy traced (ddp, fsdp...: one rank of it)
     script_sha256: str | None = None  # the rendered training script whose step was traced
     #: CUDA estimates: the caching allocator replayed over the traced allocations, from the
     #: build to the end of the steady step at ``micro_batch`` (``_replay``): per allocator
@@ -159,7 +160,7 @@ class TraceResult:
         was, else the phase's fitted lines. ``accum`` (None: as traced) is the plan's number of
         micro-batches per optimizer step (see ``for_accum``)."""
         phases = self.for_accum(self._phase_breakdowns(micro_batch), accum)
-        if self.strategy in ("fsdp", "hybrid_shard"):
+        if strategies.get(self.strategy).sharded:
             # The sharded scripts build the model in host memory and fully_shard moves each
             # block's shard to the GPU: the build phase (the whole model) is not the GPU's.
             phases = {ph: v for ph, v in phases.items() if ph != "build"} or phases
@@ -182,10 +183,11 @@ class TraceResult:
         if accum < 1:
             raise ValueError(f"accum must be >= 1, got {accum}")
         traced = self.grad_accum_steps > 1
-        if (accum > 1) != traced and (accum > 1 or self.strategy != "single"):
+        one = strategies.get(self.strategy).one_process
+        if (accum > 1) != traced and (accum > 1 or not one):
             raise ValueError(
                 f"traced with {self.grad_accum_steps} micro-batch(es) per step"
-                + (f" under {self.strategy}" if self.strategy != "single" else "")
+                + ("" if one else f" under {self.strategy}")
                 + f": trace with grad_accum_steps={min(accum, 2)} to predict {accum}")
         if accum == 1 and traced:
             return {ph: v for ph, v in phases.items() if ph not in ACCUM_PHASES}

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from launcher import strategies
 from launcher.estimate._answer import join, per_depth, result, result_or_raise, scale
 from launcher.estimate.trace_process import run_child
 from launcher.estimate.trace_result import ScaledTrace, TraceError, TraceResult, TraceTimeout
@@ -247,12 +248,12 @@ def _request(
         request["gpu_generation"] = str(gpu_generation)
     if strategy is not None:
         request["strategy"] = _strategy(strategy)
-        if request["strategy"]["name"] == "ddp":
+        if strategies.get(request["strategy"]["name"]).rank_trace == "whole":
             # Traced whole: DDP's gradient buckets are cut by size, not by block, so a DDP
             # rank's peak is not linear in the depth (2 and 4 blocks extrapolated to 8: +15%).
             # A sharded rank is linear from three blocks up and is scaled from 4 and 6
             # (``_blocks.SHARDED_DEPTHS``; docs/benchmarks.md, "depth scaling under a
-            # strategy").
+            # strategy")
             request["scale_depth"] = False
     return request
 
@@ -260,17 +261,17 @@ def _request(
 def _strategy(strategy: dict[str, Any]) -> dict[str, Any]:
     """A distributed strategy to trace (the script's ``wrap_model`` applies it), checked
     here."""
-    names = ("ddp", "fsdp", "hybrid_shard")
+    names = strategies.rank_traceable()
     unknown = set(strategy) - {"name", "world_size", "replicas", "reshard_after_forward"}
     if unknown:
         raise ValueError(f"unknown strategy keys: {', '.join(sorted(unknown))}")
     name, world = strategy.get("name"), strategy.get("world_size")
     if name not in names:
-        raise ValueError(f"strategy name must be ddp, fsdp or hybrid_shard, got {name!r}")
+        raise ValueError(f"strategy name must be one of {', '.join(names)}, got {name!r}")
     if not isinstance(world, int) or isinstance(world, bool) or world < 1:
         raise ValueError(f"strategy world_size must be a positive integer, got {world!r}")
     replicas = strategy.get("replicas", 1)
-    if name != "hybrid_shard" and replicas != 1:
+    if strategies.get(name).shards != "node" and replicas != 1:
         raise ValueError(f"replicas is for hybrid_shard only, got {replicas!r} for {name}")
     if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 1 or (
         world % replicas

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from launcher import strategies
 from launcher.plan.plan import checkpointing_mode
 
 #: Model FLOPs utilisation assumed for dense transformer training with PyTorch (torchtitan reports
@@ -62,9 +63,10 @@ def step_cost(*, flops_per_sample: float | None, global_batch: int, world: int, 
         else:
             bandwidth = (hw.intra_node_gbytes_per_s or 16.0) * 1e9  # PCIe Gen3 x16 otherwise
         factor = (world - 1) / world
-        if strategy == "ddp" and gradient_bytes:
+        sharded = strategies.get(strategy).sharded
+        if not sharded and gradient_bytes:  # DDP: an all-reduce of the gradients
             comm = 2 * factor * gradient_bytes / bandwidth
-        elif strategy in ("fsdp", "hybrid_shard", "smp_v2") and parameter_bytes_compute:
+        elif sharded and parameter_bytes_compute:
             # all-gathers (forward, and backward unless ZeRO-2 kept the parameters) and the
             # reduce-scatter(s) of the gradients
             comm = (gathers + reduce_scatters) * factor * parameter_bytes_compute / bandwidth

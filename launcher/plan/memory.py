@@ -20,6 +20,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from launcher import strategies
 from launcher.estimate.footprint import Footprint
 from launcher.estimate.overheads import PCIE5_GBYTES_PER_S, SAFETY_MARGIN, gpu_overheads
 from launcher.plan.plan import Memory
@@ -61,21 +62,10 @@ class Target:
 
 
 def shard_degree(strategy: str, nodes: int, gpus: int) -> int:
-    if strategy == "fsdp":
-        return nodes * gpus
-    if strategy in ("hybrid_shard", "smp_v2"):
-        return gpus  # shard within a node, replicate across nodes
-    return 1
+    """Over how many processes ``strategy`` splits each model state (``Strategy.shard_degree``)."""
+    return strategies.get(strategy).shard_degree(nodes, gpus)
 
 
-#: Strategies a recipe's trace can run at their world size (one rank, a fake process group).
-TRACED_AT_WORLD_SIZE = ("fsdp", "hybrid_shard")
-#: Sharded strategies that can keep the gathered parameters from forward to backward (ZeRO-2:
-#: FSDP2's ``reshard_after_forward=False``, ``Plan.reshard_after_forward``).
-ZERO2 = ("fsdp", "hybrid_shard")
-#: Sharded strategies whose script can reduce-scatter on every micro-step
-#: (``Plan.reduce_every_micro_step``, FSDP2's ``set_requires_gradient_sync``).
-REDUCE_EVERY_MICRO_STEP = ("fsdp", "hybrid_shard")
 #: A sharded candidate whose scaled estimate is this close to the usable memory (either side) is
 #: traced at its world size: the scaled estimate is on the safe side by tens of percent
 #: (docs/benchmarks.md), enough to reject a plan that fits or to report the wrong margin.
@@ -86,7 +76,7 @@ def reduces_every_micro_step(strategy: str, nodes: int, gpus: int, accum: int,
                              reduce_every: bool) -> bool:
     """Whether ``reduce_every`` changes anything: a sharded plan (more than one shard) that
     accumulates gradients."""
-    return (reduce_every and accum > 1 and strategy in REDUCE_EVERY_MICRO_STEP
+    return (reduce_every and accum > 1 and strategies.get(strategy).reduce_every_micro_step
             and shard_degree(strategy, nodes, gpus) > 1)
 
 
@@ -100,15 +90,15 @@ def per_gpu_memory(fp: Footprint, target: Target, strategy: str, nodes: int, gpu
     (``Footprint.rank_memory_at``: a recipe), the rank's own trace replaces it.
     ``reduce_every``: the plan reduce-scatters on every micro-step (``Plan.
     reduce_every_micro_step``), so its ranks hold gradient shards, not the unsharded gradient.
-    ``reshard_after_forward`` False: ZeRO-2 (``ZERO2`` strategies), each unit's gathered
+    ``reshard_after_forward`` False: ZeRO-2 (a ``Strategy.zero2`` strategy), each unit's gathered
     parameters held from its forward to its backward. ``exact``: trace the rank whatever the
     margin (the planner's chosen plan), where the footprint can."""
     reduce_every = reduces_every_micro_step(strategy, nodes, gpus, accum, reduce_every)
-    zero2 = not reshard_after_forward and strategy in ZERO2
+    zero2 = not reshard_after_forward and strategies.get(strategy).zero2
     memory = _scaled_gpu_memory(fp, target, strategy, nodes, gpus, micro, accum, reduce_every,
                                 zero2)
     usable = None if memory.capacity is None else memory.capacity * (1 - SAFETY_MARGIN)
-    if (fp.rank_memory_at is not None and strategy in TRACED_AT_WORLD_SIZE
+    if (fp.rank_memory_at is not None and strategies.get(strategy).sized_per_rank
             and shard_degree(strategy, nodes, gpus) > 1 and not target.address_space_cap
             and (exact or (memory.total is not None and usable
                            and abs(memory.total - usable) <= NEAR_CAPACITY * usable))):

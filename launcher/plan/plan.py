@@ -11,7 +11,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-Strategy = Literal["single", "ddp", "fsdp", "hybrid_shard", "smp_v2"]
+from launcher import strategies
+
 Precision = Literal["fp32", "bf16_mixed", "bf16"]
 Optimizer = Literal["adamw", "sgd", "adafactor", "adam8bit"]
 #: Activation checkpointing of the ``wrap_modules()`` blocks: none; selective (op-level, as
@@ -20,7 +21,6 @@ Optimizer = Literal["adamw", "sgd", "adafactor", "adam8bit"]
 #: its whole forward in the backward pass).
 Checkpointing = Literal["none", "selective", "full"]
 
-STRATEGIES: tuple[str, ...] = ("single", "ddp", "fsdp", "hybrid_shard", "smp_v2")
 PRECISIONS: tuple[str, ...] = ("fp32", "bf16_mixed", "bf16")
 OPTIMIZERS: tuple[str, ...] = ("adamw", "sgd", "adafactor", "adam8bit")
 CHECKPOINTING: tuple[str, ...] = ("none", "selective", "full")
@@ -105,7 +105,7 @@ class Memory:
 class Plan:
     """One candidate: where and how the job runs, whether it fits, and what it costs."""
 
-    strategy: Strategy
+    strategy: str  # a name in launcher.strategies.STRATEGIES
     machine: str
     nodes: int
     gpus_per_node: int
@@ -164,7 +164,7 @@ class Plan:
         backward (FSDP2 ``reshard_after_forward=False``): gradients and optimizer state sharded,
         parameters whole while they compute, as ZeRO stage 2 does; one all-gather per unit
         and step fewer than full sharding."""
-        return self.strategy in ("fsdp", "hybrid_shard") and not self.reshard_after_forward
+        return strategies.get(self.strategy).zero2 and not self.reshard_after_forward
 
     @property
     def strategy_label(self) -> str:
@@ -172,7 +172,7 @@ class Plan:
         ``hybrid zero2`` (no wider than ``hybrid_shard``: the plan table's width is fixed)."""
         if not self.zero2:
             return self.strategy
-        return ("hybrid" if self.strategy == "hybrid_shard" else self.strategy) + " zero2"
+        return strategies.get(self.strategy).label + " zero2"
 
     def to_dict(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "memory": self.memory.to_dict()}

@@ -27,7 +27,7 @@ cheapest fitting plan wins: a priced machine before one without a price (an unpr
 chosen only when nothing priced fits, and a note says so), one machine before several, then the
 cost, then the fewest changes. Why the runner-up, a cheaper machine and a faster plan lost is a
 line each (``reasons.other_machines``); on SageMaker, SMP v2 is tried beside the chosen FSDP plan
-(``_smp_v2_beside``). Each rung below the chosen one becomes a
+(``_beside``). Each rung below the chosen one becomes a
 rejected option with its numbers. Memory per GPU comes from a ``Footprint`` (single device, per
 micro-batch) scaled by the strategy, plus the GPU-side overheads (``plan/memory.py``).
 """
@@ -40,14 +40,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from launcher import strategies
 from launcher.estimate.footprint import Footprint
 from launcher.plan import precision as precisions
 from launcher.plan import reasons
 from launcher.plan.cost import Hardware, step_cost
 from launcher.plan.memory import (
-    REDUCE_EVERY_MICRO_STEP,
-    TRACED_AT_WORLD_SIZE,
-    ZERO2,
     Target,
     fits,
     per_gpu_memory,
@@ -67,12 +65,9 @@ from launcher.remedies import (
     checkpointing_label,
     divisors,
 )
+from launcher.script_info import REPLICATES, SHARDS
 from launcher.spec import Spec
 from launcher.status import ExitStatus, UsageError
-
-#: Strategies the training templates can run on any provider (smp_v2 needs SageMaker's image).
-RUNNABLE_STRATEGIES = ("single", "ddp", "fsdp", "hybrid_shard")
-SHARDED = ("fsdp", "hybrid_shard", "smp_v2")
 
 #: (precision, optimizer, activation checkpointing) -> the single-device footprint. Checkpointing
 #: is False, True (full) or "selective" (``plan.checkpointing_key``): False and True as before.
@@ -145,7 +140,7 @@ class Rung:
     nodes: int
     checkpointing: str  # none | selective | full
     smaller_micro: bool  # may the micro-batch shrink below the whole per-rank batch
-    reshard_after_forward: bool = True  # False: ZeRO-2 (sharded strategies in ``ZERO2``)
+    reshard_after_forward: bool = True  # False: ZeRO-2 (a ``Strategy.zero2`` strategy)
 
 
 def pinned_checkpointing(spec: Spec) -> str | None:
@@ -167,7 +162,9 @@ def ladder(spec: Spec, target: Target, provider: str, can_checkpoint: bool) -> I
     the user's pins honoured (why that order: this module's docstring)."""
     gpus = spec.gpus_per_node or target.gpus
     base_nodes = spec.nodes or 1
-    base = spec.strategy or ("single" if base_nodes * gpus == 1 else "ddp")
+    base = spec.strategy or (strategies.SINGLE if base_nodes * gpus == 1 else
+                             strategies.REPLICATED)
+    base_sharded = strategies.get(base).sharded
     pinned = pinned_checkpointing(spec)
     ac_options = [pinned] if pinned is not None else (
         list(CHECKPOINTING_ORDER) if can_checkpoint else ["none"])
@@ -177,24 +174,23 @@ def ladder(spec: Spec, target: Target, provider: str, can_checkpoint: bool) -> I
     zero2_ac = [ac for ac in ac_options if ac != "full"] or ac_options
     may_shrink = spec.micro_batch_size is None
     world = base_nodes * gpus
-    sharded = [spec.strategy] if spec.strategy in SHARDED else (
-        [] if spec.strategy else (["hybrid_shard", "fsdp"] if base_nodes > 1 else ["fsdp"]))
-    if provider == "local":
-        sharded = [s for s in sharded if s in RUNNABLE_STRATEGIES]
-    shards_itself = not bounded(spec) or "fsdp" in (spec.script_parallelism or ())
+    sharded = [base] if base_sharded else (
+        [] if spec.strategy else [s.name for s in strategies.sharding_rungs(base_nodes)])
+    sharded = [s for s in sharded if strategies.get(s).runs_on(provider)]
+    shards_itself = not bounded(spec) or SHARDS in (spec.script_parallelism or ())
     if not shards_itself and not spec.strategy:
         sharded = []  # a plain script that does not shard is never planned as if it did
 
     def as_asked(level: int) -> Iterator[Rung]:
-        if base not in SHARDED:
+        if not base_sharded:
             yield Rung(level, AS_ASKED.label, base, base_nodes, ac_options[0], False)
 
     def smaller_micro_batch(level: int) -> Iterator[Rung]:
-        if base not in SHARDED and may_shrink:
+        if not base_sharded and may_shrink:
             yield Rung(level, SMALLER_MICRO_BATCH.label, base, base_nodes, ac_options[0], True)
 
     def checkpointing(level: int) -> Iterator[Rung]:
-        if base not in SHARDED:
+        if not base_sharded:
             for ac in ac_options[1:]:
                 yield Rung(level, checkpointing_label(ac), base, base_nodes, ac, True)
 
@@ -205,7 +201,7 @@ def ladder(spec: Spec, target: Target, provider: str, can_checkpoint: bool) -> I
     def sharded_on(level: int, nodes: int, strategy: str, prefix: str = "") -> Iterator[Rung]:
         for degree in degrees:  # ZeRO-2, then full sharding
             if degree == "zero2":
-                if strategy in ZERO2:
+                if strategies.get(strategy).zero2:
                     for ac in zero2_ac:
                         yield Rung(level, f"{prefix}{strategy} zero2{_CHECKPOINTED[ac]}",
                                    strategy, nodes, ac, may_shrink, reshard_after_forward=False)
@@ -224,8 +220,8 @@ def ladder(spec: Spec, target: Target, provider: str, can_checkpoint: bool) -> I
             for nodes in (2, 4, 8, 16):
                 if nodes > target.max_nodes:
                     break
-                for strategy in ("hybrid_shard", "fsdp"):
-                    yield from sharded_on(level, nodes, strategy, f"{nodes} nodes, ")
+                for strategy in strategies.sharding_rungs(nodes):
+                    yield from sharded_on(level, nodes, strategy.name, f"{nodes} nodes, ")
 
     rungs: dict[str, Callable[[int], Iterator[Rung]]] = {
         AS_ASKED.name: as_asked, SMALLER_MICRO_BATCH.name: smaller_micro_batch,
@@ -288,7 +284,7 @@ def _micro_options(spec: Spec, world: int, shrink: bool, level: int) -> list[int
 def _per_rank_pending(candidate: Plan, fp: Footprint | None = None) -> bool:
     """Whether ``candidate`` is a sharded plan whose rank could be traced and was not (``fp``
     None: not known whether its footprint can trace one)."""
-    return (not candidate.memory.rank_traced and candidate.strategy in TRACED_AT_WORLD_SIZE
+    return (not candidate.memory.rank_traced and strategies.get(candidate.strategy).sized_per_rank
             and shard_degree(candidate.strategy, candidate.nodes, candidate.gpus_per_node) > 1
             and (fp is None or fp.rank_memory_at is not None))
 
@@ -306,7 +302,8 @@ def plan_on(spec: Spec, estimator: Estimator, target: Target, provider: str,
     gpus = spec.gpus_per_node or target.gpus
     if gpus > target.gpus:
         raise UsageError(f"--gpus-per-node {gpus}, but {target.name} has {target.gpus} GPUs")
-    if spec.reshard_after_forward is not None and spec.strategy not in (None, *ZERO2):
+    if spec.reshard_after_forward is not None and not (
+            spec.strategy is None or strategies.get(spec.strategy).zero2):
         flag = "--" + ("" if spec.reshard_after_forward else "no-") + "reshard-after-forward"
         raise UsageError(f"{flag} is for fsdp and hybrid_shard, not --strategy {spec.strategy}",
                          "drop one of the two")
@@ -345,7 +342,7 @@ def plan_on(spec: Spec, estimator: Estimator, target: Target, provider: str,
         # rung is tried again reducing on every micro-step: the gradient shards only, for
         # accumulation x the gradient communication; before checkpointing or more nodes.
         passes = [False]
-        if rung.strategy in REDUCE_EVERY_MICRO_STEP and any(
+        if strategies.get(rung.strategy).reduce_every_micro_step and any(
                 reduces_every_micro_step(rung.strategy, rung.nodes, gpus,
                                          spec.global_batch_size // (m * world), True)
                 for m in micros):
@@ -410,7 +407,7 @@ def bounded(spec: Spec) -> bool:
 def one_process(spec: Spec) -> bool:
     """A captured plain script that runs no parallelism of its own: started N times, it would
     train N copies. It gets one process (one GPU)."""
-    return bounded(spec) and "ddp" not in (spec.script_parallelism or ())
+    return bounded(spec) and REPLICATES not in (spec.script_parallelism or ())
 
 
 def _parallelism_notes(spec: Spec, provider: str, chosen: Plan | None) -> list[str]:
@@ -423,10 +420,10 @@ def _parallelism_notes(spec: Spec, provider: str, chosen: Plan | None) -> list[s
     if not spec.captured:  # described: planned as described, said where the source disagrees
         if chosen is None or chosen.nodes * chosen.gpus_per_node == 1:
             return []
-        needs = "fsdp" if chosen.strategy in ("fsdp", "hybrid_shard") else "ddp"
-        if needs in own or chosen.strategy == "smp_v2":
+        needs = strategies.get(chosen.strategy).script_parallelism
+        if needs is None or needs in own:
             return []
-        what = "shard its model (FSDP)" if needs == "fsdp" else "run DDP"
+        what = "shard its model (FSDP)" if needs == SHARDS else "run DDP"
         return [f"{name} shows no code to {what}: the plan starts it as "
                 f"{chosen.nodes * chosen.gpus_per_node} processes (torchrun) as --params "
                 "describes it; as written it would train that many copies"]
@@ -435,7 +432,7 @@ def _parallelism_notes(spec: Spec, provider: str, chosen: Plan | None) -> list[s
         notes.append(f"{name} runs one process (no DDP or FSDP of its own): planned on one GPU"
                      + ("" if provider == "local" else
                         "; machines of several GPUs are left out (the others would idle)"))
-    if chosen is None and "fsdp" not in own:
+    if chosen is None and SHARDS not in own:
         notes.append(f"no single GPU holds this model and {name} does not shard it: to train "
                      "it on several, it must wrap its model in FSDP (torch.distributed.fsdp."
                      "fully_shard) and be started by torchrun; launch does not change the "
@@ -496,10 +493,9 @@ def plan(spec: Spec, estimator: Estimator, targets: list[Target], provider: str,
     rejected = [*reasons.for_failed(failed_on_chosen, parameters), *rejected, *unsplit]
     if chosen is not None:
         rejected += reasons.alternatives(chosen, failed_on_chosen, provider)
-        smp = _smp_v2_beside(spec, estimator, targets, provider, chosen, can_checkpoint)
-        if smp is not None:
-            all_plans.append(smp)
-            rejected.append(reasons.smp_v2(chosen, smp))
+        for other in _beside(spec, estimator, targets, provider, chosen, can_checkpoint):
+            all_plans.append(other)
+            rejected.append(reasons.beside(chosen, other))
         ranked = [o[0] for o in sorted(options, key=rank)]
         rejected += reasons.other_machines(chosen, ranked, all_plans, parameters)
         unpriced = reasons.unpriced_note(
@@ -557,35 +553,40 @@ def _rank(p: Plan, failed: list[Plan]) -> tuple[int, bool, bool, float, int]:
             p.total_cost_usd if p.total_cost_usd is not None else math.inf, len(failed))
 
 
-def _smp_v2_beside(spec: Spec, estimator: Estimator, targets: list[Target], provider: str,
-                   chosen: Plan, can_checkpoint: bool) -> Plan | None:
-    """SageMaker's model-parallel library (SMP v2) on the chosen layout, beside the chosen
-    FSDP plan, so that the plan shows it with its numbers and says why it was not chosen
-    (``reasons.smp_v2``). Its memory is its default configuration's: FSDP sharding within a
-    node (``hybrid_shard_degree`` = the GPUs of a node, ``memory.shard_degree``), no tensor
-    parallelism, no offloading. Tried at the chosen micro-batch and checkpointing, then with
-    full checkpointing when that does not fit; the closer of the two is shown. None where it
-    is not a candidate: another provider, a pinned strategy, a plan that does not shard."""
-    if (provider != "sagemaker" or spec.strategy is not None
-            or chosen.strategy not in ("fsdp", "hybrid_shard") or chosen.world_size < 2):
-        return None
+def _beside(spec: Spec, estimator: Estimator, targets: list[Target], provider: str,
+            chosen: Plan, can_checkpoint: bool) -> list[Plan]:
+    """The strategies shown beside the chosen plan (``Strategy.beside``: SageMaker's
+    model-parallel library, SMP v2, beside a chosen FSDP plan), each on the chosen layout, so
+    that the plan shows it with its numbers and says why it was not chosen
+    (``reasons.beside``). SMP v2's memory is its default configuration's: FSDP sharding within
+    a node (``hybrid_shard_degree`` = the GPUs of a node, ``Strategy.shard_degree``), no tensor
+    parallelism, no offloading. Each is tried at the chosen micro-batch and checkpointing, then
+    with full checkpointing when that does not fit; the closer of the two is shown. None where
+    it is not a candidate: another provider, a pinned strategy, a plan that does not shard."""
+    if spec.strategy is not None or chosen.world_size < 2:
+        return []
     target = next((t for t in targets if t.name == chosen.machine), None)
     if target is None:
-        return None
+        return []
     pinned = pinned_checkpointing(spec)
     modes = [chosen.checkpointing or "none"]
     if pinned is None and can_checkpoint and modes[0] != "full":
         modes.append("full")
-    tries = []
-    for mode in modes:
-        rung = Rung(SHARDING.level or 3, f"smp_v2{_CHECKPOINTED[mode]}", "smp_v2",
-                    chosen.nodes, mode, False)
-        fp = estimator(chosen.precision, chosen.optimizer, checkpointing_key(mode))
-        tries.append(_evaluate(spec, fp, target, rung, chosen.gpus_per_node,
-                               chosen.micro_batch_size, chosen.grad_accum_steps))
-        if tries[-1].fits:
-            break
-    return min(tries, key=lambda p: (not p.fits, p.memory.total or math.inf))
+    shown = []
+    for other in strategies.STRATEGIES.values():
+        if chosen.strategy not in other.beside or not other.runs_on(provider):
+            continue
+        tries = []
+        for mode in modes:
+            rung = Rung(SHARDING.level or 3, f"{other.name}{_CHECKPOINTED[mode]}", other.name,
+                        chosen.nodes, mode, False)
+            fp = estimator(chosen.precision, chosen.optimizer, checkpointing_key(mode))
+            tries.append(_evaluate(spec, fp, target, rung, chosen.gpus_per_node,
+                                   chosen.micro_batch_size, chosen.grad_accum_steps))
+            if tries[-1].fits:
+                break
+        shown.append(min(tries, key=lambda p: (not p.fits, p.memory.total or math.inf)))
+    return shown
 
 
 def _steps_words(spec: Spec) -> str:

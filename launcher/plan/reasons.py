@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from launcher import strategies
 from launcher.estimate.overheads import SAFETY_MARGIN
 from launcher.plan.memory import Target
 from launcher.plan.plan import Plan
@@ -55,7 +56,7 @@ def _ratio(a: int, b: int) -> str:
 def _per_param(plan: Plan, parameters: int | None) -> str:
     """ "(16 bytes per parameter x 30.00B = 480 GB)": the arithmetic a person can redo."""
     states = plan.memory.model_states
-    if not parameters or states is None or plan.strategy not in ("single", "ddp"):
+    if not parameters or states is None or strategies.get(plan.strategy).sharded:
         return ""
     per = states / parameters
     return f" ({per:.0f} bytes per parameter x {format_count(parameters)} = {_decimal(states)})"
@@ -131,7 +132,7 @@ def _what_changes_states(plan: Plan) -> str:
     they accumulate unsharded until the last micro-step: then reduce-scattering every micro-step
     (a rung the planner tries) shards them, and saying "nothing changes that" would contradict
     the plan it may choose."""
-    if (plan.strategy in ("fsdp", "hybrid_shard") and plan.grad_accum_steps > 1
+    if (strategies.get(plan.strategy).reduce_every_micro_step and plan.grad_accum_steps > 1
             and not plan.reduce_every_micro_step):
         return (f"the gradients held unsharded over its {plan.grad_accum_steps} micro-steps are "
                 "part of that; reduce-scattering on every micro-step shards them")
@@ -208,7 +209,7 @@ def alternatives(chosen: Plan, failed: list[Plan], provider: str) -> list[Reject
         out.append(_rejection("a smaller micro-batch or gradient accumulation", (
             f"they shrink activations only; the {states} of model state is the same at "
             f"micro-batch 1")))
-        if chosen.strategy in ("fsdp", "hybrid_shard", "smp_v2"):
+        if strategies.get(chosen.strategy).sharded:
             out.append(_rejection("tensor parallelism", (
                 f"not needed first: sharding the model states ({_where(chosen)}) brings them to "
                 f"{format_bytes(chosen.memory.model_states)} per GPU, and tensor parallelism "
@@ -299,12 +300,13 @@ def other_machines(chosen: Plan, ranked: list[Plan], evaluated: list[Plan],
     return out
 
 
-def smp_v2(chosen: Plan, smp: Plan) -> Rejection:
-    """Why SageMaker's model-parallel library (SMP v2), tried on the chosen layout
-    (``planner._smp_v2_beside``), was not chosen over the chosen FSDP plan."""
+def beside(chosen: Plan, smp: Plan) -> Rejection:
+    """Why a strategy shown beside the chosen plan (``Strategy.beside``: SMP v2 beside FSDP),
+    tried on the chosen layout (``planner._beside``), was not chosen over it."""
     m, c = smp.memory, chosen.memory
+    other = strategies.get(smp.strategy)
     option = (f"{_where(smp)}, micro-batch {smp.micro_batch_size}{_checkpointed(smp)} "
-              "(SageMaker's model-parallel library)")
+              f"({other.words})")
     if smp.fits is False and m.total is not None and m.capacity is not None:
         usable = format_bytes(m.usable)
         held = ""
@@ -318,9 +320,7 @@ def smp_v2(chosen: Plan, smp: Plan) -> Rejection:
     if smp.fits:
         return _rejection(option, (
             f"fits too ({format_bytes(m.total)} per GPU against {format_bytes(c.total)}), but "
-            "SMP v2 is PyTorch FSDP configured by SageMaker and runs only in its SMP image "
-            "(PyTorch 2.5.1); its extras (tensor parallelism, activation offloading) are not "
-            f"needed here, so {chosen.strategy_label} in the stock image is kept"))
+            f"{other.kept_over}, so {chosen.strategy_label} in the stock image is kept"))
     return _rejection(option, "whether it fits is not known")
 
 

@@ -25,17 +25,13 @@ import re
 from dataclasses import dataclass
 
 from launcher.status import UsageError
+from launcher.strategies import STRATEGIES
 
 Version = tuple[int, int]
 
 #: The oldest torch (major, minor) each strategy's rendered script ran under; see the docstring.
-MIN_TORCH: dict[str, Version] = {
-    "single": (2, 4),
-    "ddp": (2, 4),
-    "fsdp": (2, 7),
-    "hybrid_shard": (2, 8),
-    "smp_v2": (2, 5),
-}
+#: Each strategy says its own (``Strategy.oldest_torch``).
+MIN_TORCH: dict[str, Version] = {s.name: s.oldest_torch for s in STRATEGIES.values()}
 #: Optimizers that need a newer torch than the strategy does.
 MIN_TORCH_OPTIMIZER: dict[str, Version] = {"adafactor": (2, 5)}
 
@@ -53,8 +49,17 @@ class Image:
     repository: str
     tag: str | None
     torch: str
-    strategies: tuple[str, ...]
     source: str
+    #: The runtime it has beyond stock PyTorch (``Strategy.image``: "smp", SageMaker's SMP
+    #: container); None: a stock PyTorch image.
+    kind: str | None = None
+
+    @property
+    def strategies(self) -> tuple[str, ...]:
+        """The strategies whose scripts it runs: those that need its kind of image, and whose
+        oldest torch it has."""
+        return tuple(s.name for s in STRATEGIES.values()
+                     if s.image == self.kind and self.torch_version >= s.oldest_torch)
 
     @property
     def shown(self) -> str:
@@ -74,20 +79,17 @@ class Image:
 #: image_uris, asked by launcher/providers/sagemaker/sdk.py for the torch given here).
 IMAGES: tuple[Image, ...] = (
     Image("vertex", "vertex-ai/training/pytorch-gpu.2-4.py310", "latest", "2.4",
-          ("single", "ddp"),
           "Vertex AI prebuilt PyTorch GPU training container 2.4 (Python 3.10); the newest "
           "prebuilt PyTorch training container found"),
     Image("vertex", "pytorch/pytorch", "2.8.0-cuda12.8-cudnn9-runtime", "2.8.0",
-          ("single", "ddp", "fsdp", "hybrid_shard"),
           "the official PyTorch image (Docker Hub), for what torch 2.4 cannot run: FSDP2 plans "
           "and adafactor; torch 2.8.0 like SageMaker's default. It has no google-cloud-storage: "
           "the bootstrap reads the staged code from Vertex AI's /gcs mount"),
     Image("sagemaker", "pytorch-training", None, "2.8.0",
-          ("single", "ddp", "fsdp", "hybrid_shard"),
           "AWS Deep Learning Container: sagemaker-core's image_uris, 'pytorch' training 2.8.0"),
     Image("sagemaker", "smdistributed-modelparallel", None, "2.5.1",
-          ("smp_v2",),
-          "SMP v2 image (SMP 2.8.0): sagemaker-core's image_uris, 'pytorch-smp' 2.5.1"),
+          "SMP v2 image (SMP 2.8.0): sagemaker-core's image_uris, 'pytorch-smp' 2.5.1",
+          kind="smp"),
 )
 
 #: Named in hints when the provider's own default is too old (Vertex AI's prebuilt PyTorch

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from launcher.plan.planner import RUNNABLE_STRATEGIES, SHARDED
 from launcher.providers import images, vertex
 from launcher.providers.images import MIN_TORCH, check_image, torch_version
 from launcher.render import available_strategies
 from launcher.status import ExitStatus, UsageError
+from launcher.strategies import STRATEGIES
 
 VERTEX_24 = "us-docker.pkg.dev/vertex-ai/training/pytorch-gpu.2-4.py310:latest"
 
@@ -78,7 +78,7 @@ def test_the_vertex_default_image_is_refused_for_fsdp_with_an_image_to_use_inste
 
 def test_every_strategy_has_a_floor_and_every_default_image_is_in_the_table():
     assert set(MIN_TORCH) == set(available_strategies())
-    assert set(RUNNABLE_STRATEGIES) | set(SHARDED) <= set(MIN_TORCH)
+    assert set(STRATEGIES) == set(MIN_TORCH)
     uri = vertex.DEFAULT_IMAGE.format(geo="us")
     table = {f"{i.repository}:{i.tag}": i for i in images.IMAGES if i.tag is not None}
     (entry,) = [i for key, i in table.items() if uri.endswith(key)]

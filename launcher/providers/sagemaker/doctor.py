@@ -20,6 +20,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
+from launcher import strategies
 from launcher.providers.checks import CALL_TIMEOUT_S, Check, Checks, Need, one_line
 from launcher.status import LaunchError, UsageError
 
@@ -129,10 +130,10 @@ class SageMakerChecks(Checks):
         if self.s.image:
             self.add("image", "ok", f"{self.s.image} (the image setting)")
             return
-        default = default_image("sagemaker", "ddp")
-        assert default is not None  # images.IMAGES has SageMaker's ddp image
+        default = default_image("sagemaker", strategies.REPLICATED)
+        assert default is not None  # images.IMAGES has SageMaker's stock PyTorch image
         try:  # the URI is the same for every GPU instance type in the catalog
-            image = training_image(region, "ddp", DOCTOR_INSTANCE,
+            image = training_image(region, strategies.REPLICATED, DOCTOR_INSTANCE,
                                    self.s.torch_version or default.torch, self.s.py_version)
         except UsageError as exc:
             self.add("image", "warn", exc.message, exc.hint)

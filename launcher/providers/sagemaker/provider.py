@@ -55,6 +55,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
+from launcher import strategies
 from launcher.plan.plan import Plan
 from launcher.providers.base import Job, JobStatus, Provider, torchrun_script_args
 from launcher.providers.checks import Check
@@ -178,7 +179,7 @@ def _volume_gb(plan: Plan, configured: int | None) -> int:
     memory = plan.memory
     if memory.parameters is None or memory.optimizer is None:
         return DEFAULT_VOLUME_GB
-    shards = plan.world_size if plan.strategy in ("fsdp", "hybrid_shard", "smp_v2") else 1
+    shards = plan.world_size if strategies.get(plan.strategy).sharded else 1
     states = (memory.parameters + memory.optimizer) * shards
     return max(DEFAULT_VOLUME_GB, math.ceil(3 * states / 2**30) + DEFAULT_VOLUME_GB)
 

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+from launcher import strategies
 from launcher.status import BadValue, UsageError
 
 if TYPE_CHECKING:
@@ -129,7 +130,9 @@ def nearest_region(wanted: str, published: list[str]) -> str:
 
 
 def _framework(strategy: str) -> str:
-    return "pytorch-smp" if strategy == "smp_v2" else "pytorch"
+    # SMP v2's scripts need SageMaker's SMP container (``Strategy.image``), the SDK's
+    # "pytorch-smp" framework; every other strategy runs in its stock PyTorch training image.
+    return "pytorch-smp" if strategies.get(strategy).image == "smp" else "pytorch"
 
 
 def _label(framework: str) -> str:
