@@ -68,6 +68,17 @@ def either(words: tuple[str, ...]) -> str:
 #: The providers a job can run on other than this machine (registry order).
 CLOUDS = tuple(name for name in provider_names() if name != "local")
 
+#: Where a cloud job runs and as whom: `launch plan`, `launch run` and `launch doctor` take the
+#: same flags, declared once here.
+CLOUD_OPTIONS: tuple[Option, ...] = (
+    Option("--region", "Cloud region.", envvar="LAUNCH_REGION"),
+    Option("--bucket", "Bucket for code and checkpoints.", envvar="LAUNCH_BUCKET"),
+    Option("--project", "Google Cloud project (Vertex).", envvar="LAUNCH_PROJECT"),
+    Option("--service-account", "Service account the jobs run as (Vertex).",
+           envvar="LAUNCH_SERVICE_ACCOUNT"),
+    Option("--role", "Execution role ARN (SageMaker).", envvar="LAUNCH_ROLE"),
+)
+
 #: The options of `launch plan` and `launch run`, in ``--help``'s order (after the SCRIPT).
 PLAN_OPTIONS: tuple[Option, ...] = (
     Option("--provider", f"Where to run: {either(provider_names())}.", envvar="LAUNCH_PROVIDER",
@@ -109,12 +120,7 @@ PLAN_OPTIONS: tuple[Option, ...] = (
            "With --model-config or --params: the attention kernel the estimate assumes: flash, "
            "efficient or math (math keeps the s x s scores; default: the config's, else what "
            "CUDA picks)."),
-    Option("--region", "Cloud region.", envvar="LAUNCH_REGION"),
-    Option("--bucket", "Bucket for code and checkpoints.", envvar="LAUNCH_BUCKET"),
-    Option("--project", "Google Cloud project (Vertex).", envvar="LAUNCH_PROJECT"),
-    Option("--service-account", "Service account the job runs as (Vertex).",
-           envvar="LAUNCH_SERVICE_ACCOUNT"),
-    Option("--role", "Execution role ARN (SageMaker).", envvar="LAUNCH_ROLE"),
+    *CLOUD_OPTIONS,
     Option("--spot/--no-spot", "Use spot capacity.", "bool", envvar="LAUNCH_SPOT"),
     Option("--max-attempts", "Attempts before giving up on out-of-memory (default 3).", "int",
            envvar="LAUNCH_MAX_ATTEMPTS"),
@@ -146,12 +152,7 @@ RUN_ONLY: tuple[Option, ...] = (
 #: The options of `launch doctor`.
 DOCTOR_OPTIONS: tuple[Option, ...] = (
     Option("--provider", f"{either(CLOUDS)}.", envvar="LAUNCH_PROVIDER", required=True),
-    Option("--region", "Cloud region.", envvar="LAUNCH_REGION"),
-    Option("--bucket", "Bucket for code and checkpoints.", envvar="LAUNCH_BUCKET"),
-    Option("--project", "Google Cloud project (Vertex).", envvar="LAUNCH_PROJECT"),
-    Option("--service-account", "The jobs' service account (Vertex).",
-           envvar="LAUNCH_SERVICE_ACCOUNT"),
-    Option("--role", "Execution role ARN (SageMaker).", envvar="LAUNCH_ROLE"),
+    *CLOUD_OPTIONS,
     Option("--machine", "Also check the GPU quota of this machine type."),
 )
 

@@ -102,10 +102,10 @@ def family(machine: str) -> str:
 
 
 def _gpu_kinds() -> dict[str, str]:
-    from launcher.plan.catalog import load_catalog
+    from launcher.plan.catalog import PROVIDERS, load_catalog
 
     if not _GPU_KINDS:
-        for provider in ("vertex", "sagemaker"):
+        for provider in PROVIDERS:
             try:
                 _GPU_KINDS.update({m.name: m.gpu for m in load_catalog(provider).machines})
             except Exception:  # noqa: BLE001 - grouping falls back on names

@@ -549,12 +549,12 @@ class Runner:
 
     def machines(self, provider: str, gpu: str | None = None) -> list[Machine]:
         """The GPU machines of a cloud's catalog, only those with ``gpu`` when given."""
-        from launcher.plan.catalog import UnknownGpu, load_catalog
+        from launcher.plan.catalog import PROVIDERS, UnknownGpu, load_catalog
         from launcher.plan.catalog import gpu as gpu_type
 
-        if provider not in ("vertex", "sagemaker"):
+        if provider not in PROVIDERS:
             raise UsageError(f"no machine catalog for provider {provider!r}",
-                             "use --provider vertex or --provider sagemaker")
+                             f"use {' or '.join(f'--provider {p}' for p in PROVIDERS)}")
         machines = list(load_catalog(provider).machines)
         if gpu:
             try:

@@ -25,18 +25,18 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
+from launcher.providers import names as provider_names
+
 GiB = 1024**3
 #: The first CUDA compute capability with bf16 arithmetic (Ampere).
 BF16_COMPUTE_CAPABILITY = 8.0
 
-PROVIDERS: tuple[str, ...] = ("vertex", "sagemaker")
-_ALIASES = {
-    "vertex": "vertex",
-    "vertex-ai": "vertex",
-    "vertexai": "vertex",
-    "sagemaker": "sagemaker",
-    "aws-sagemaker": "sagemaker",
-}
+#: The providers with a machine catalog (``catalogs/<provider>.json``), in the provider
+#: registry's order. A provider's catalog holds all this module knows about it: its machines,
+#: its name in sentences (``display_name``) and its other spellings (``aliases``).
+PROVIDERS: tuple[str, ...] = tuple(
+    name for name in provider_names()
+    if resources.files("launcher.plan").joinpath("catalogs", f"{name}.json").is_file())
 
 
 class UnknownMachine(KeyError):
@@ -149,9 +149,6 @@ class Machine:
         return gpu(self.gpu)
 
 
-_PROVIDER_TITLES = {"vertex": "Vertex AI", "sagemaker": "SageMaker"}
-
-
 class Catalog:
     """The machines of one provider in one region."""
 
@@ -169,7 +166,7 @@ class Catalog:
         self.region = region
         self.currency = currency
         self.as_of = as_of
-        self.display_name = display_name or _PROVIDER_TITLES.get(provider, provider)
+        self.display_name = display_name or provider
         self.raw = raw or {}
         self._by_name = {m.name: m for m in machines}
         self._by_lower = {m.name.lower(): m for m in machines}
@@ -249,8 +246,24 @@ def _read_json(filename: str) -> dict[str, Any]:
     return json.loads(text)
 
 
+@functools.cache
+def _aliases() -> dict[str, str]:
+    """Every spelling of a provider with a catalog (its name, its catalog's ``aliases``)."""
+    return {alias: name for name in PROVIDERS
+            for alias in (name, *_read_json(f"{name}.json").get("aliases", ()))}
+
+
+def data_parallel_library(provider: str) -> str | None:
+    """The provider's own library that speeds up DDP's gradient all-reduce (SageMaker's SMDDP),
+    as its catalog names it; None where it has none (or no catalog)."""
+    if provider not in PROVIDERS:
+        return None
+    found = _read_json(f"{provider}.json").get("data_parallel_library")
+    return found if isinstance(found, str) else None
+
+
 def normalize_provider(provider: str) -> str:
-    key = _ALIASES.get(provider.strip().lower())
+    key = _aliases().get(provider.strip().lower())
     if key is None:
         raise ValueError(
             f"no machine catalog for provider {provider!r}; known: {', '.join(PROVIDERS)}"

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from launcher import strategies
 from launcher.estimate.overheads import SAFETY_MARGIN
+from launcher.plan.catalog import data_parallel_library
 from launcher.plan.memory import Target
 from launcher.plan.plan import Plan
 from launcher.remedies import CHECKPOINTING, checkpointing_label
@@ -202,8 +203,9 @@ def alternatives(chosen: Plan, failed: list[Plan], provider: str) -> list[Reject
         out.append(_rejection("more nodes or GPUs under DDP", (
             f"data parallelism puts a full replica on every GPU: each of them would still hold "
             f"{states} of model state; more replicas only add copies")))
-        if provider == "sagemaker":
-            out.append(_rejection("SMDDP (SageMaker's data-parallel library)", (
+        library = data_parallel_library(provider)  # SageMaker's SMDDP, from its catalog
+        if library is not None:
+            out.append(_rejection(library, (
                 f"it speeds up DDP's gradient all-reduce, but every GPU still holds all "
                 f"{states} of weights, gradients and optimizer state")))
         out.append(_rejection("a smaller micro-batch or gradient accumulation", (
