@@ -41,7 +41,7 @@ chromium:
 	  echo "chromium is not installed: tests/test_report_browser.py will skip"
 
 test: setup $(CHECKOV) chromium
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist worksteal --durations=15
 
 lint: setup
 	$(BIN)/ruff check launcher trainer_templates tests bench examples

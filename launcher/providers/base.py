@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from launcher.plan.plan import Plan
-from launcher.status import BadValue, JobState
+from launcher.status import BadValue, JobState, UsageError
 
 if TYPE_CHECKING:
     from launcher.providers.checks import Check
@@ -193,6 +193,21 @@ TORCHRUN_OPTIONS = frozenset({
     "--start_method", "--tee", "--virtual-local-rank",
     "--virtual_local_rank",
 })
+
+
+def in_code_folder(path: str | Path, code_dir: Path, what: str = "script") -> str:
+    """``path`` (absolute, or relative to ``code_dir``) as a POSIX path relative to the job's
+    code folder: what the job finds under its unpacked code on the node, whichever cloud staged
+    it. Every provider rebases the script and the recipe through this one function; a path
+    outside the folder is not staged, so it is refused here, before anything is sent."""
+    candidate = Path(path)
+    candidate = candidate if candidate.is_absolute() else code_dir / candidate
+    try:
+        return candidate.resolve().relative_to(code_dir.resolve()).as_posix()
+    except ValueError:
+        raise UsageError(f"the {what} {path} is outside its code folder {code_dir}",
+                         "keep the script and what it imports in the folder that is staged"
+                         ) from None
 
 
 def torchrun_script_args(args: tuple[str, ...] | list[str]) -> list[str]:

@@ -423,3 +423,26 @@ def test_cloud_names_appear_only_in_their_provider_packages_and_the_listed_few()
         if hits:
             found[str(path.relative_to(package))] = hits
     assert found == CLOUD_NAMES_LEFT
+
+
+def test_every_provider_rebases_the_script_into_the_code_folder_one_way(tmp_path):
+    """``in_code_folder`` is the one rebasing of a script or recipe path into the job's code
+    folder (Vertex's entry point and plan.json, SageMaker's package): relative paths are the
+    code folder's, a path that leaves it (absolute, or by ``..``, or through a link) is refused
+    before anything is sent, naming both."""
+    from launcher.providers.base import in_code_folder
+    from launcher.status import UsageError
+
+    code = tmp_path / "code"
+    (code / "pkg").mkdir(parents=True)
+    (code / "pkg" / "train.py").write_text("")
+    (tmp_path / "elsewhere.py").write_text("")
+    (code / "link.py").symlink_to(tmp_path / "elsewhere.py")
+    assert in_code_folder("pkg/train.py", code) == "pkg/train.py"
+    assert in_code_folder(code / "pkg" / "train.py", code) == "pkg/train.py"
+    assert in_code_folder("pkg/../pkg/train.py", code) == "pkg/train.py"
+    for outside in (tmp_path / "elsewhere.py", "../elsewhere.py", "link.py"):
+        with pytest.raises(UsageError) as refused:
+            in_code_folder(outside, code, "recipe")
+        assert str(refused.value.message).startswith(f"the recipe {outside} is outside")
+        assert str(code) in refused.value.message

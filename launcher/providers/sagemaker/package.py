@@ -16,7 +16,7 @@ from typing import Any
 
 from launcher import packaging
 from launcher.packaging import Selection
-from launcher.providers.base import Job
+from launcher.providers.base import Job, in_code_folder
 from launcher.status import UsageError
 
 OPT_ML = "/opt/ml"
@@ -84,17 +84,6 @@ class CodePackage:
         return data
 
 
-def _relative_to(path: str, code_dir: Path, what: str) -> str:
-    candidate = Path(path)
-    if not candidate.is_absolute():
-        return PurePosixPath(path).as_posix()
-    try:
-        return candidate.resolve().relative_to(code_dir.resolve()).as_posix()
-    except ValueError:
-        raise UsageError(f"the {what} {path} is outside its code folder {code_dir}",
-                         "keep the script and what it imports in one folder") from None
-
-
 def _tar(entries: dict[str, tuple[bytes, int]]) -> bytes:
     """A tar.gz whose bytes depend on names, contents and modes only (sorted, fixed times and
     owners, gzip without a timestamp)."""
@@ -133,7 +122,7 @@ def build_package(job: Job, bucket: str, prefix: str,
         entries[PurePosixPath(name).as_posix()] = (text.encode("utf-8"), 0o644)
     entries[BOOTSTRAP_NAME] = (BOOTSTRAP.encode("utf-8"), 0o755)
     entry = rendered.entrypoint
-    entrypoint = entry if entry in rendered.files else _relative_to(entry, code_dir, "script")
+    entrypoint = entry if entry in rendered.files else in_code_folder(entry, code_dir)
     if entrypoint not in entries:
         raise UsageError(f"the script {entrypoint} is not in the package of {code_dir}",
                          "the packaging rule leaves it out (docs/packaging.md); rename or move "
@@ -149,7 +138,7 @@ def build_package(job: Job, bucket: str, prefix: str,
 def _container_plan(text: str, code_dir: Path) -> str:
     document = json.loads(text)
     if document.get("recipe_file"):
-        document["recipe_file"] = _relative_to(document["recipe_file"], code_dir, "recipe")
+        document["recipe_file"] = in_code_folder(document["recipe_file"], code_dir, "recipe")
     document["checkpoint_dir"] = CHECKPOINT_LOCAL
     return json.dumps(document, indent=2) + "\n"
 

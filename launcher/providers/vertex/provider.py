@@ -53,6 +53,7 @@ from launcher.providers.base import (
     JobState,
     JobStatus,
     Provider,
+    in_code_folder,
     torchrun_script_args,
 )
 from launcher.providers.checks import Check
@@ -309,14 +310,7 @@ class VertexProvider(VertexLogs, Provider):
         entry = job.rendered.entrypoint
         if entry in job.rendered.files:
             return entry
-        path = Path(entry)
-        path = path if path.is_absolute() else job.code_dir / path
-        try:
-            relative = path.resolve().relative_to(job.code_dir.resolve())
-        except ValueError:
-            raise UsageError(f"the script {path} is outside its code folder {job.code_dir}",
-                             "keep the script in the folder that is staged") from None
-        return str(PurePosixPath("code", relative.as_posix()))
+        return str(PurePosixPath("code", in_code_folder(entry, job.code_dir)))
 
     # -- sending -----------------------------------------------------------------------------
 
@@ -545,14 +539,8 @@ def _rewrite_plan(text: str, job: Job, checkpoints: str) -> str:
     """plan.json as the job sees it on Vertex AI: the recipe (or script) under ``code/``, the
     checkpoints in the run's folder of the bucket. Local paths mean nothing on the node."""
     document = json.loads(text)
-    recipe = Path(document.get("recipe_file") or job.rendered.entrypoint)
-    recipe = recipe if recipe.is_absolute() else job.code_dir / recipe
-    try:
-        relative = recipe.resolve().relative_to(job.code_dir.resolve())
-    except ValueError:
-        raise UsageError(f"the script {recipe} is outside its code folder {job.code_dir}",
-                         "keep the script in the folder that is staged") from None
-    document["recipe_file"] = str(PurePosixPath("code", relative.as_posix()))
+    recipe = document.get("recipe_file") or job.rendered.entrypoint
+    document["recipe_file"] = str(PurePosixPath("code", in_code_folder(recipe, job.code_dir)))
     document["checkpoint_dir"] = checkpoints
     return json.dumps(document, indent=2) + "\n"
 
