@@ -35,6 +35,7 @@ are tried, and splitting it would separate a rule from the ones it must outrank.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -429,18 +430,34 @@ _TRACEBACK_NEEDLES = _lower("Traceback (most recent call last)")
 # Words that name a managed platform (Vertex AI, AI Platform / Cloud ML Engine, SageMaker): where
 # nothing but the kernel's OOM killer sends an unannounced SIGKILL. Looked for in the lines that
 # are classified and around a SIGKILL (the platform's own report of the exit is next to it), not
-# searched for through the whole log.
-PLATFORM = re.compile(
-    r"ml\.googleapis\.com|runcloudml|cloudml|aiplatform|workerpool\d|The replica |[Ss]age[Mm]aker|"
-    r"/opt/ml/|AlgorithmError|ExecuteUserScriptError|\balgo-\d+\b|cmle-training|Vertex AI|"
-    r"vertex-ai|vertex_ai"
-)
+# searched for through the whole log. Each provider says its own (``Provider.platform_pattern``,
+# ``platform_needles``): a log from anywhere is read for all of them.
+
+
+@functools.cache
+def _platforms() -> tuple[NeedleIndex, re.Pattern[str], frozenset[str]]:
+    """Every provider's platform words (needles, then the expression) and the names a log of a
+    managed platform may be explained under; from the provider registry, once."""
+    from launcher import providers
+
+    classes = [providers.provider_class(name) for name in providers.names()]
+    managed = [c for c in classes if c.platform_pattern]
+    return (NeedleIndex(tuple(n for c in managed for n in c.platform_needles)),
+            re.compile("|".join(c.platform_pattern for c in managed)),
+            frozenset(n for c in managed for n in (c.name, *c.platform_aliases)))
 
 
 def names_platform(text: str) -> bool:
-    """Whether ``text`` names a managed platform (PLATFORM), checked for a few words first: the
-    expression itself would try each position of a line that may be a megabyte long."""
-    return _PLATFORM_WORDS.any(text.lower()) and PLATFORM.search(text) is not None
+    """Whether ``text`` names a managed platform, checked for a few words first: the expression
+    itself would try each position of a line that may be a megabyte long."""
+    needles, pattern, _ = _platforms()
+    return needles.any(text.lower()) and pattern.search(text) is not None
+
+
+def managed_platform(name: str | None) -> bool:
+    """Whether a log explained as coming from ``name`` (a provider, or an older name of its
+    platform) ran on a managed platform."""
+    return name is not None and name.lower() in _platforms()[2]
 
 
 # The launcher's own lines that matter: {"launch": "oom", ...} and {"launch": "done", ...} (also
@@ -522,10 +539,6 @@ for _i, _rule in enumerate(RULES):
     for _key in _rule.keys:
         _RULES_OF[_key] = (*_RULES_OF.get(_key, ()), (_i, _rule.also.get(_key, ())))
 _RULE_NEEDLES = NeedleIndex(_RULES_OF)
-# What every PLATFORM match holds, in lower case.
-_PLATFORM_WORDS = NeedleIndex(("googleapis", "cloudml", "aiplatform", "workerpool", "the replica ",
-                               "sagemaker", "/opt/ml/", "algorithmerror", "executeuserscripterror",
-                               "algo-", "cmle-training", "vertex ai", "vertex-ai", "vertex_ai"))
 
 
 def classify(text: str) -> tuple[Rule | None, re.Match[str] | None, str]:

@@ -42,6 +42,7 @@ from launcher.failures._rules import (
     Finding,
     classify,
     generic,
+    managed_platform,
     names_platform,
     torch_message_complete,
 )
@@ -54,7 +55,6 @@ JOIN_LINES = 3  # how many following lines a cut allocator message may continue 
 EXCERPT_CHARS = 600
 _KEEP = 64  # findings kept per kind: the root cause is among the first
 
-MANAGED_PLATFORMS = frozenset({"vertex", "sagemaker", "cloudml", "aiplatform"})
 _CHAIN = re.compile(r"During handling of the above exception|The above exception was the direct")
 _NEW_MESSAGE = re.compile(
     r"^(?:Traceback|File \"|During handling|The above exception|frame #|"
@@ -152,7 +152,7 @@ class LogWatcher:
     """
 
     def __init__(self, platform: str | None = None, *, capped: bool = False) -> None:
-        self._platform = platform is not None and platform.lower() in MANAGED_PLATFORMS
+        self._platform = managed_platform(platform)
         self._capped = capped
         self._platform_seen = False
         self._lineno = 0

@@ -71,6 +71,16 @@ class Provider(abc.ABC):
     #: (case-insensitive substrings of a job's end message): such an attempt is worth the same
     #: plan again, resumed (:meth:`lost_capacity`). None on a machine of one's own.
     capacity_patterns: ClassVar[tuple[str, ...]] = ()
+    #: How a job's log names this platform (its paths, its error names, its hosts), as a regular
+    #: expression, and lower-case words every match holds (looked for first: a line may be a
+    #: megabyte long). Where the platform is named, a bare SIGKILL is the kernel's out-of-memory
+    #: kill: a managed platform reports its own stops in words. The failure classifier joins
+    #: every provider's (``failures._rules.names_platform``); empty on a machine of one's own.
+    platform_pattern: ClassVar[str] = ""
+    platform_needles: ClassVar[tuple[str, ...]] = ()
+    #: Other names a log of this platform may be explained under (``launch explain
+    #: --platform``): the platform's older names.
+    platform_aliases: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
     def from_settings(cls, settings: dict[str, Any], environ: dict[str, str] | None = None

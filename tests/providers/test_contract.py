@@ -398,11 +398,9 @@ def test_the_supervisor_resubmits_on_the_providers_own_no_capacity_words(
     assert any("the machine was taken away" in note for note in notes)
 
 
-#: Modules outside the provider packages that still name a cloud, and why (issue 26, item 2:
-#: what is left). The failure classifier's words for a managed platform's log lines are read in
-#: logs from anywhere (``launch explain`` on a downloaded log names no provider); a strategy
-#: says where it runs (``Strategy.providers``: SMP v2 only on SageMaker).
-CLOUD_NAMES_LEFT = {"failures/_rules.py": 1, "failures/_watch.py": 2, "strategies.py": 1}
+#: Modules outside the provider packages that name a cloud, and why: a strategy says where it
+#: runs (``Strategy.providers``: SMP v2 only on SageMaker).
+CLOUD_NAMES_LEFT = {"strategies.py": 1}
 
 
 def test_cloud_names_appear_only_in_their_provider_packages_and_the_listed_few():
@@ -446,3 +444,27 @@ def test_every_provider_rebases_the_script_into_the_code_folder_one_way(tmp_path
             in_code_folder(outside, code, "recipe")
         assert str(refused.value.message).startswith(f"the recipe {outside} is outside")
         assert str(code) in refused.value.message
+
+
+@pytest.mark.parametrize("name", providers.names())
+def test_a_provider_s_platform_words_are_found_by_their_needles(name):
+    """A managed platform names itself in its logs (``platform_pattern``); the classifier looks
+    for its ``platform_needles`` first, so every match of the pattern must hold one of them, and
+    a log explained under the provider's name (or an alias) is read as the platform's."""
+    import re
+
+    from launcher.failures._rules import managed_platform, names_platform
+
+    cls = providers.provider_class(name)
+    assert managed_platform(name) == bool(cls.platform_pattern)
+    if not cls.platform_pattern:
+        return
+    for alias in cls.platform_aliases:
+        assert managed_platform(alias.upper())
+    pattern = re.compile(cls.platform_pattern)
+    for alternative in cls.platform_pattern.split("|"):
+        sample = (alternative.replace("\\d+", "12").replace("\\d", "3").replace("\\b", "")
+                  .replace("\\.", ".").replace("[Ss]", "S").replace("[Mm]", "m"))
+        assert pattern.search(f"x {sample} y"), alternative
+        assert any(n in sample.lower() for n in cls.platform_needles), alternative
+        assert names_platform(f"x {sample} y"), alternative

@@ -198,6 +198,11 @@ class SageMakerProvider(SageMakerLogs, Provider):
     name = "sagemaker"
     has_doctor: ClassVar[bool] = True
     capacity_patterns: ClassVar[tuple[str, ...]] = CAPACITY_PATTERNS
+    # Its name, the container's /opt/ml/ tree, the training toolkit's error names, its hosts.
+    platform_pattern: ClassVar[str] = (
+        r"[Ss]age[Mm]aker|/opt/ml/|AlgorithmError|ExecuteUserScriptError|\balgo-\d+\b")
+    platform_needles: ClassVar[tuple[str, ...]] = (
+        "sagemaker", "/opt/ml/", "algorithmerror", "executeuserscripterror", "algo-")
 
     def __init__(self, settings: SageMakerSettings, environ: Mapping[str, str] | None = None):
         self.settings = settings

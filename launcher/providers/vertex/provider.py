@@ -125,6 +125,15 @@ class VertexProvider(VertexLogs, Provider):
     name: ClassVar[str] = "vertex"
     has_doctor: ClassVar[bool] = True
     capacity_patterns: ClassVar[tuple[str, ...]] = CAPACITY_PATTERNS
+    # Vertex AI, and AI Platform / Cloud ML Engine before it: its API host, its worker pools and
+    # replicas, the training container's names.
+    platform_pattern: ClassVar[str] = (
+        r"ml\.googleapis\.com|runcloudml|cloudml|aiplatform|workerpool\d|The replica |"
+        r"cmle-training|Vertex AI|vertex-ai|vertex_ai")
+    platform_needles: ClassVar[tuple[str, ...]] = (
+        "googleapis", "cloudml", "aiplatform", "workerpool", "the replica ", "cmle-training",
+        "vertex ai", "vertex-ai", "vertex_ai")
+    platform_aliases: ClassVar[tuple[str, ...]] = ("cloudml", "aiplatform")
 
     def __init__(self, *, project: str, region: str, bucket: str | None = None,
                  prefix: str = DEFAULT_PREFIX, service_account: str | None = None,
