@@ -41,7 +41,8 @@ chromium:
 	  echo "chromium is not installed: tests/test_report_browser.py will skip"
 
 test: setup $(CHECKOV) chromium
-	$(BIN)/python -m pytest -q -n 2 --dist worksteal --durations=15
+	$(BIN)/python -m pytest -q -n 2 --dist worksteal --durations=15 -m "not timing"
+	$(BIN)/python -m pytest -q -m timing
 
 lint: setup
 	$(BIN)/ruff check launcher trainer_templates tests bench examples

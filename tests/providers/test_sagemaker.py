@@ -796,6 +796,7 @@ def test_pacer_spends_its_rate_and_backs_off_after_a_throttle():
     assert pacer.take() == 0.0 and pacer.throttles == 2
 
 
+@pytest.mark.timing
 def test_a_flooding_16_rank_job_is_stopped_within_a_poll_of_its_oom_and_logged_whole(
         tmp_path, aws_env, fake, cloudwatch):
     """16 hosts write 5,000 lines a second through a busy account's read quota (the follower
@@ -869,6 +870,7 @@ def test_a_flooding_16_rank_job_is_stopped_within_a_poll_of_its_oom_and_logged_w
           f"CloudWatch calls {cloudwatch.calls}, throttled {cloudwatch.throttled}")
 
 
+@pytest.mark.timing
 def test_behind_reports_how_far_the_full_log_trails_a_flood(tmp_path, aws_env, fake,
                                                             cloudwatch):
     """Reading 500 lines a second of a job writing 5,000: ``behind`` says how far the log read

@@ -980,6 +980,7 @@ FLOOD_PLAN = {"machine": "a2-highgpu-4g", "nodes": 4, "gpus_per_node": 4,
               "global_batch_size": 64}
 
 
+@pytest.mark.timing
 def test_a_16_rank_job_flooding_its_log_is_stopped_within_a_poll_of_its_oom(
         quota_fake, storage_emulator, bucket, tmp_path):
     """5,000 lines a second against a quota that reads 1,000 at most: the full stream falls
@@ -1033,11 +1034,13 @@ def test_a_16_rank_job_flooding_its_log_is_stopped_within_a_poll_of_its_oom(
     assert max(shown.values()) == 1 and shown == written
     # The stream trailed the job by more than the note's threshold, and the supervisor said so.
     behind = [note for note in notes if "behind the job" in note]
+    # (Before or after the OOM's note: a host busy enough to slow the reader puts the log 10 s
+    # behind before the event channel's poll sees the OOM; CI did once.)
     assert behind and attempt.summary["log_behind_s"] >= BEHIND_NOTE_S, notes
-    assert notes.index(behind[0]) > next(i for i, n in enumerate(notes) if "out of memory" in n)
     assert took < 60, took
 
 
+@pytest.mark.timing
 def test_behind_reports_how_far_the_stream_trails_a_flood_and_none_once_caught_up(
         quota_fake, storage_emulator, bucket, tmp_path):
     """``behind``: the seconds of log still unread, from the paging state (a full page, more
