@@ -258,7 +258,7 @@ def data_parallel_library(provider: str) -> str | None:
     as its catalog names it; None where it has none (or no catalog)."""
     if provider not in PROVIDERS:
         return None
-    found = _read_json(f"{provider}.json").get("data_parallel_library")
+    found = load_catalog(provider).raw.get("data_parallel_library")  # read once, cached
     return found if isinstance(found, str) else None
 
 

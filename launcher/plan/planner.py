@@ -561,8 +561,8 @@ def _beside(spec: Spec, estimator: Estimator, targets: list[Target], provider: s
     (``reasons.beside``). SMP v2's memory is its default configuration's: FSDP sharding within
     a node (``hybrid_shard_degree`` = the GPUs of a node, ``Strategy.shard_degree``), no tensor
     parallelism, no offloading. Each is tried at the chosen micro-batch and checkpointing, then
-    with full checkpointing when that does not fit; the closer of the two is shown. None where
-    it is not a candidate: another provider, a pinned strategy, a plan that does not shard."""
+    with full checkpointing when that does not fit; the closer of the two is shown. Nothing
+    where none is a candidate: another provider, a pinned strategy, a plan that does not shard."""
     if spec.strategy is not None or chosen.world_size < 2:
         return []
     target = next((t for t in targets if t.name == chosen.machine), None)

@@ -302,24 +302,24 @@ def other_machines(chosen: Plan, ranked: list[Plan], evaluated: list[Plan],
     return out
 
 
-def beside(chosen: Plan, smp: Plan) -> Rejection:
+def beside(chosen: Plan, shown: Plan) -> Rejection:
     """Why a strategy shown beside the chosen plan (``Strategy.beside``: SMP v2 beside FSDP),
     tried on the chosen layout (``planner._beside``), was not chosen over it."""
-    m, c = smp.memory, chosen.memory
-    other = strategies.get(smp.strategy)
-    option = (f"{_where(smp)}, micro-batch {smp.micro_batch_size}{_checkpointed(smp)} "
+    m, c = shown.memory, chosen.memory
+    other = strategies.get(shown.strategy)
+    option = (f"{_where(shown)}, micro-batch {shown.micro_batch_size}{_checkpointed(shown)} "
               f"({other.words})")
-    if smp.fits is False and m.total is not None and m.capacity is not None:
+    if shown.fits is False and m.total is not None and m.capacity is not None:
         usable = format_bytes(m.usable)
         held = ""
-        if m.model_states != c.model_states and smp.nodes > 1:
-            held = (f"its default shard groups of one node ({smp.gpus_per_node} GPUs) hold "
+        if m.model_states != c.model_states and shown.nodes > 1:
+            held = (f"its default shard groups of one node ({shown.gpus_per_node} GPUs) hold "
                     f"{format_bytes(m.model_states)} of model states per GPU where "
                     f"{chosen.strategy_label} over {chosen.world_size} holds "
                     f"{format_bytes(c.model_states)}; ")
         return _rejection(option, f"{held}needs {format_bytes(m.total)} per GPU, more than the "
                           f"{usable} usable")
-    if smp.fits:
+    if shown.fits:
         return _rejection(option, (
             f"fits too ({format_bytes(m.total)} per GPU against {format_bytes(c.total)}), but "
             f"{other.kept_over}, so {chosen.strategy_label} in the stock image is kept"))
