@@ -19,7 +19,7 @@ run with torchrun, where the machine has 2, else skipped with that reason) it:
    + ``plan.json``) into the row's folder and runs it, ``python launch_train.py``, for N
    optimizer steps in a child process; the script's last ``{"launch": "metrics"}`` line carries
    ``torch.cuda.max_memory_allocated`` / ``max_memory_reserved`` since the process started
-   (``memory_stats`` in trainer_templates/_metrics.py.j2), read before the final checkpoint;
+   (``memory_stats`` in trainer_templates/launch_runtime.py), read before the final checkpoint;
 4. writes the row into ``OUT/gpu_validate.json`` (atomically: temporary file, then rename),
    so a sweep cut short still leaves every finished row.
 

@@ -30,10 +30,10 @@ def parse_event(line: str) -> dict[str, Any] | None:
 
 @dataclass(frozen=True)
 class OomEvent:
-    """The templates' ``{"launch": "oom", ...}`` event, typed (``trainer_templates/_oom.py.j2``
-    and ``framework.py.j2`` write it). A field the line did not carry is None; ``fields`` is the
-    object as it came (less ``"launch"``), for a record that keeps it whole
-    (``remedies.Failure.of``)."""
+    """The templates' ``{"launch": "oom", ...}`` event, typed (``report_out_of_memory`` of
+    ``trainer_templates/launch_runtime.py`` writes it, for the framework shim too). A field the
+    line did not carry is None; ``fields`` is the object as it came (less ``"launch"``), for a
+    record that keeps it whole (``remedies.Failure.of``)."""
 
     rank: int | None = None
     phase: str | None = None

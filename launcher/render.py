@@ -28,6 +28,9 @@ from launcher.runs import atomic_write
 TEMPLATE_PACKAGE = "trainer_templates"
 TEMPLATE_SUFFIX = ".py.j2"
 SCRIPT_NAME = "launch_train.py"
+#: launch's machinery beside the script (and the framework shim): the same file for every plan
+#: and strategy, a plain Python module in the template package, written into the job as is.
+RUNTIME_NAME = "launch_runtime.py"
 PLAN_NAME = "plan.json"
 #: The shim that runs a framework script (launcher/capture/frameworks.py) with the plan applied
 #: through the framework's own settings; not a strategy, though its template sits beside them.
@@ -132,6 +135,12 @@ def render_script(strategy: str) -> str:
     return _environment().get_template(template).render()
 
 
+def runtime_source() -> str:
+    """``launch_runtime.py``'s text: the same for every plan, so copied, not rendered."""
+    source, _, _ = _environment().loader.get_source(_environment(), RUNTIME_NAME)
+    return source
+
+
 def render_framework_script() -> str:
     """The framework shim: the same for every plan and framework (it reads both from
     ``plan.json``), so, like the strategies' scripts, it is rendered with an empty context."""
@@ -181,7 +190,8 @@ def plan_env(plan: Plan, settings: TrainSettings) -> dict[str, str]:
 def render(plan: Plan, settings: TrainSettings, script_args: tuple[str, ...] = ()) -> RenderedJob:
     """The files and environment of one attempt of ``plan``.
 
-    In "recipe" mode the entrypoint is the rendered ``launch_train.py``; in "script" mode it is the
+    In "recipe" mode the entrypoint is the rendered ``launch_train.py``, with
+    ``launch_runtime.py`` beside it; in "script" mode it is the
     user's own script, and nothing is rendered but ``plan.json``; a framework script runs through
     ``launch_framework.py``, which gives the framework the plan and then runs the script as it is.
     ``script_args``: the script's own arguments (a recipe takes none: ``ValueError``).
@@ -195,14 +205,16 @@ def render(plan: Plan, settings: TrainSettings, script_args: tuple[str, ...] = (
     env = plan_env(plan, settings)
     if settings.mode == "script" and settings.framework is not None:
         files[FRAMEWORK_SCRIPT] = render_framework_script()
+        files[RUNTIME_NAME] = runtime_source()
         return RenderedJob(files=files, entrypoint=FRAMEWORK_SCRIPT, env=env, args=args)
     if settings.mode == "script":
         return RenderedJob(files=files, entrypoint=settings.recipe_file, env=env, args=args)
-    if PurePosixPath(settings.recipe_file).name == SCRIPT_NAME and not Path(
-        settings.recipe_file
-    ).is_absolute():
-        raise ValueError(f"the recipe may not be named {SCRIPT_NAME}: the rendered script is")
+    name = PurePosixPath(settings.recipe_file).name
+    if name in (SCRIPT_NAME, RUNTIME_NAME) and not Path(settings.recipe_file).is_absolute():
+        raise ValueError(f"the recipe may not be named {name}: launch writes a file of that "
+                         "name beside it")
     files[SCRIPT_NAME] = render_script(plan.strategy)
+    files[RUNTIME_NAME] = runtime_source()
     return RenderedJob(files=files, entrypoint=SCRIPT_NAME, env=env)
 
 

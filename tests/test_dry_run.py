@@ -20,8 +20,8 @@ def test_the_local_job_folder_is_the_script_its_plan_and_the_command(cli, tiny_r
                  "--json")
     assert result.status == 0, result.stderr
     chosen = result.json()["chosen"]
-    assert sorted(p.name for p in out.iterdir()) == ["launch_train.py", "plan.json",
-                                                      "request.json"]
+    assert sorted(p.name for p in out.iterdir()) == ["launch_runtime.py", "launch_train.py",
+                                                      "plan.json", "request.json"]
     plan = json.loads((out / "plan.json").read_text())
     assert plan["micro_batch_size"] == chosen["micro_batch_size"] == 2
     request = json.loads((out / "request.json").read_text())
@@ -30,6 +30,7 @@ def test_the_local_job_folder_is_the_script_its_plan_and_the_command(cli, tiny_r
     assert request["cwd"] == str(tiny_recipe.parent)
     assert request["env"]["LAUNCH_MICRO_BATCH_SIZE"] == "2"
     compile((out / "launch_train.py").read_text(), "launch_train.py", "exec")
+    compile((out / "launch_runtime.py").read_text(), "launch_runtime.py", "exec")
     assert any(f"job folder written to {out}" in n for n in result.json()["notes"])
 
 

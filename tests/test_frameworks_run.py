@@ -24,9 +24,11 @@ from launcher.plan.plan import Plan
 from launcher.render import (
     FRAMEWORK_SCRIPT,
     PLAN_NAME,
+    RUNTIME_NAME,
     TrainSettings,
     available_strategies,
     render,
+    runtime_source,
 )
 from tests.conftest import REPO
 
@@ -84,7 +86,7 @@ def test_an_overflowing_micro_batch_is_fixed_by_one_resubmission(cli, tmp_path, 
     run = tmp_path / "state" / "runs" / data["run_id"]
     # The job is the rendered shim; the user's script is run as it is, from its own folder.
     job = run / "attempt-2" / "job"
-    assert sorted(p.name for p in job.iterdir()) == [FRAMEWORK_SCRIPT, PLAN_NAME]
+    assert sorted(p.name for p in job.iterdir()) == [FRAMEWORK_SCRIPT, RUNTIME_NAME, PLAN_NAME]
     assert script.read_text() == (FIXTURES / f"oom_{kind}.py").read_text()
     # What the framework itself trained with, each attempt: the plan's, not the script's 8 x 1.
     for number, (micro, accum) in ((1, (8, 1)), (2, (4, 2))):
@@ -147,7 +149,9 @@ def test_the_shim_carries_the_plan_as_data(kind):
     one = render(_plan(), settings)
     other = render(_plan(micro_batch_size=2, grad_accum_steps=4, precision="fp32", steps=7,
                          lr=1e-3, strategy="fsdp"), settings)
-    assert one.entrypoint == FRAMEWORK_SCRIPT and set(one.files) == {FRAMEWORK_SCRIPT, PLAN_NAME}
+    assert one.entrypoint == FRAMEWORK_SCRIPT
+    assert set(one.files) == {FRAMEWORK_SCRIPT, RUNTIME_NAME, PLAN_NAME}
+    assert one.files[RUNTIME_NAME] == runtime_source()  # the training scripts' machinery
     # The same code for every plan and every framework: the values are in plan.json only.
     assert one.files[FRAMEWORK_SCRIPT] == other.files[FRAMEWORK_SCRIPT]
     source = one.files[FRAMEWORK_SCRIPT]
@@ -161,7 +165,8 @@ def test_the_shim_carries_the_plan_as_data(kind):
 
 def test_the_shim_is_lint_clean_and_needs_no_launcher(tmp_path):
     """It runs in cloud containers without the launcher package: the standard library, torch
-    and the framework the script uses, imported where that framework is patched."""
+    and the framework the script uses, imported where that framework is patched, and
+    launch_runtime.py beside it."""
     source = render(_plan(), TrainSettings(recipe_file="train.py", mode="script", run_id="r",
                                            attempt=1, framework="lightning")
                     ).files[FRAMEWORK_SCRIPT]
@@ -177,7 +182,8 @@ def test_the_shim_is_lint_clean_and_needs_no_launcher(tmp_path):
             modules.update(alias.name.split(".")[0] for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0:
             modules.add(node.module.split(".")[0])
-    assert modules - sys.stdlib_module_names == {"torch", "transformers", "accelerate"}
+    assert modules - sys.stdlib_module_names == {"torch", "transformers", "accelerate",
+                                                 "launch_runtime"}
 
 
 def test_a_plain_script_has_no_shim_and_a_recipe_no_framework():

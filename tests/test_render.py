@@ -15,12 +15,14 @@ import pytest
 from launcher.plan.plan import Plan
 from launcher.render import (
     PLAN_NAME,
+    RUNTIME_NAME,
     SCRIPT_NAME,
     RenderedJob,
     TrainSettings,
     available_strategies,
     render,
     render_script,
+    runtime_source,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -75,8 +77,10 @@ def test_rendered_scripts_import_only_the_standard_library_and_torch(strategy: s
         elif isinstance(node, ast.ImportFrom) and node.level == 0:
             modules.add(node.module.split(".")[0])
     third_party = modules - set(sys.stdlib_module_names) - {"__future__"}
-    # bitsandbytes is imported only inside the function that builds the adam8bit optimizer.
-    assert third_party <= {"torch", "bitsandbytes"}, third_party
+    # bitsandbytes is imported only inside the function that builds the adam8bit optimizer;
+    # launch_runtime.py is written beside the script (and imports only torch: test_layout.py).
+    assert third_party <= {"torch", "bitsandbytes", "launch_runtime"}, third_party
+    assert "launch_runtime" in modules
 
 
 def test_plan_values_reach_the_script_as_data_only() -> None:
@@ -93,6 +97,10 @@ def test_plan_values_reach_the_script_as_data_only() -> None:
     assert (document["lr"], document["micro_batch_size"], document["steps"]) == (0.000123, 7, 4321)
     assert document["recipe_file"] == "my_recipe_xyz.py"
     assert script == render(make_plan(), make_settings()).files[SCRIPT_NAME]
+    # The machinery beside it is the one file every plan and strategy gets, as shipped.
+    assert job.files[RUNTIME_NAME] == runtime_source()
+    assert job.files[RUNTIME_NAME] == render(make_plan(strategy="ddp", gpus_per_node=2),
+                                             make_settings()).files[RUNTIME_NAME]
 
 
 def test_plan_json_is_the_plan_and_the_settings_in_one_object() -> None:
@@ -186,6 +194,8 @@ def test_bad_settings_are_refused() -> None:
         make_settings(keep_checkpoints=0)
     with pytest.raises(ValueError, match=SCRIPT_NAME):
         render(make_plan(), make_settings(recipe_file=f"code/{SCRIPT_NAME}"))
+    with pytest.raises(ValueError, match=RUNTIME_NAME):
+        render(make_plan(), make_settings(recipe_file=RUNTIME_NAME))
 
 
 def test_write_puts_every_file_in_place(tmp_path: Path) -> None:
@@ -198,7 +208,7 @@ def test_write_puts_every_file_in_place(tmp_path: Path) -> None:
     assert (tmp_path / SCRIPT_NAME).read_text() == job.files[SCRIPT_NAME]
     assert (tmp_path / "configs" / "extra.json").read_text() == "{}"
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-        [PLAN_NAME, SCRIPT_NAME, "configs"])  # no temporary file left behind
+        [PLAN_NAME, RUNTIME_NAME, SCRIPT_NAME, "configs"])  # no temporary file left behind
     with pytest.raises(ValueError, match="relative"):
         RenderedJob(files={"../escape.py": ""}, entrypoint="x").write(tmp_path)
 
@@ -240,4 +250,4 @@ def test_sharded_scripts_leave_the_move_to_the_gpu_to_fully_shard(strategy, move
     build = source[source.index("def build_model(recipe"):source.index("def build_optimizer(")]
     assert ("model.to(device=runtime.device" in build) is moves_first
     if not moves_first:
-        assert "model.to(dtype=param_dtype(" in build
+        assert "model.to(dtype=launch.param_dtype(" in build

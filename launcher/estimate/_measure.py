@@ -83,7 +83,8 @@ def measure(request: dict[str, Any]) -> dict[str, Any]:
         with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
             step = build(request, recipe, torch.device("cpu"), fake=False)
             step.model.train()
-            step.script.seed_all(step.script.derive_seed(seed, "train", step.runtime.rank))
+            launch = step.script.launch  # the script's machinery
+            launch.seed_all(launch.derive_seed(seed, "train", step.runtime.rank))
             for index in (0, accum):
                 step.run(b, index, lambda phase, micro: None)
             del step

@@ -28,11 +28,14 @@ _LOADED: dict[str, tuple[types.ModuleType, str]] = {}
 
 
 def load(strategy: str) -> tuple[types.ModuleType, str]:
-    """The rendered script of ``strategy`` as a module, and the sha256 of its text (once per
-    process: importing it runs only its imports and definitions)."""
+    """The rendered script of ``strategy`` as a module, and the sha256 of its text and of
+    ``launch_runtime.py``'s (once per process: importing them runs only imports and
+    definitions). The runtime is imported once, as ``launch_runtime``, as the script imports it
+    in a job; its functions are the script's ``launch.`` names."""
     if strategy not in _LOADED:
         from launcher.render import render_script
 
+        runtime_text = _runtime()
         text = render_script(strategy)
         folder = Path(tempfile.mkdtemp(prefix="launch-trace-script-"))
         path = folder / f"launch_train_{strategy}.py"
@@ -44,8 +47,26 @@ def load(strategy: str) -> tuple[types.ModuleType, str]:
         sys.modules[name] = module
         spec.loader.exec_module(module)
         _patch_transport(module)
-        _LOADED[strategy] = (module, hashlib.sha256(text.encode()).hexdigest())
+        digest = hashlib.sha256((text + runtime_text).encode()).hexdigest()
+        _LOADED[strategy] = (module, digest)
     return _LOADED[strategy]
+
+
+def _runtime() -> str:
+    """Import ``launch_runtime.py`` as the job has it (once), and return its text."""
+    from launcher.render import RUNTIME_NAME, runtime_source
+
+    text = runtime_source()
+    if "launch_runtime" not in sys.modules:
+        folder = Path(tempfile.mkdtemp(prefix="launch-trace-runtime-"))
+        path = folder / RUNTIME_NAME
+        path.write_text(text, encoding="utf-8")
+        spec = importlib.util.spec_from_file_location("launch_runtime", path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["launch_runtime"] = module
+        spec.loader.exec_module(module)
+    return text
 
 
 def _patch_transport(script: types.ModuleType) -> None:

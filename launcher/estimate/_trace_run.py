@@ -250,7 +250,8 @@ def _trace(request: dict[str, Any], recipe: ModuleType, mode: str) -> dict[str, 
             facts["gradient_bytes"] = boundary["step1"][cats.index("GRAD")]
             facts["optimizer_state_bytes"] = tracker.current()[cats.index("OPT")]
 
-        step.script.seed_all(step.script.derive_seed(seed, "train", step.runtime.rank))
+        launch = step.script.launch  # the script's machinery
+        launch.seed_all(launch.derive_seed(seed, "train", step.runtime.rank))
         index = 0
         # the script's optimizer step ends in zero_grad right after the update
         zero_grad = optimizer.register_step_post_hook(lambda *_: on_phase("zero_grad"))
@@ -404,7 +405,7 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
     notes = configure_device(request)
     try:
         # the script seeds every rank before it imports the recipe (random numbers at import)
-        _script.load(strategy_name(request))[0].seed_all(request.get("seed", 0))
+        _script.load(strategy_name(request))[0].launch.seed_all(request.get("seed", 0))
         recipe = load_recipe(recipe_file)
         _check_loss(recipe)
         if request.get("batch_shapes"):  # the shapes a job ran out of memory at

@@ -97,7 +97,7 @@ def build(request: dict[str, Any], recipe: ModuleType, device: torch.device, fak
         world, rank = _trace_dist.world()
     runtime = script.Runtime(rank=rank, local_rank=rank, world_size=world, device=device)
     plan = script_plan(request)
-    script.seed_all(plan["seed"])  # as the script seeds every rank before building
+    script.launch.seed_all(plan["seed"])  # as the script seeds every rank before building
     model = recipe.build_model()
     if not isinstance(model, torch.nn.Module):
         raise RecipeError(f"build_model() must return a torch.nn.Module, not "
@@ -107,7 +107,7 @@ def build(request: dict[str, Any], recipe: ModuleType, device: torch.device, fak
         if blocks is not None and cut is not None:
             blocks.update(cut)
     if fake:
-        _fake_to(model, device, script.param_dtype(plan["precision"]))
+        _fake_to(model, device, script.launch.param_dtype(plan["precision"]))
         model.to = lambda *args, **kwargs: model  # done just above; Module.to would refuse
     proxy = _script.Recipe(recipe, model)
     model = script.build_model(proxy, plan, runtime)
@@ -178,7 +178,7 @@ class Step:
         script's own synthetic stream from micro-batch ``start``. ``update=False`` stops where
         the optimizer would start and drops the gradients instead."""
         plan = {**self.plan, "micro_batch_size": micro_batch}
-        batches = self.script.synthetic_stream(self.recipe, micro_batch, plan["seed"],
+        batches = self.script.launch.synthetic_stream(self.recipe, micro_batch, plan["seed"],
                                                self.runtime, start)
         progress = _script.Progress(on_phase, stop_at_optimizer=not update)
         on_phase("forward", 1)  # the step's loss accumulator belongs to the step

@@ -21,7 +21,7 @@ from _recipes import GPT  # noqa: E402
 
 from launcher.estimate.trace_result import ACCUM_PHASES  # noqa: E402
 from launcher.estimate.traced import TraceResult, measure_recipe, trace_recipe  # noqa: E402
-from launcher.render import available_strategies, render_script  # noqa: E402
+from launcher.render import available_strategies, render_script, runtime_source  # noqa: E402
 
 STRATEGIES = {
     "single": None,
@@ -48,7 +48,8 @@ def test_every_strategy_traces_the_script_render_emits(
         traces: dict[str, TraceResult]) -> None:
     assert set(STRATEGIES) == set(available_strategies()) - {"smp_v2"}  # SMP: not traced yet
     for name in STRATEGIES:
-        expected = hashlib.sha256(render_script(name).encode()).hexdigest()
+        # the script and the machinery beside it, both as a job gets them
+        expected = hashlib.sha256((render_script(name) + runtime_source()).encode()).hexdigest()
         assert traces[name].script_sha256 == expected, name
         assert traces[name].strategy == name
 

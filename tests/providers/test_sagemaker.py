@@ -276,6 +276,8 @@ def test_request_is_the_exact_create_call_built_without_side_effects(tmp_path, m
     assert kwargs["EnableManagedSpotTraining"] is False
     environment = kwargs["Environment"]
     assert environment["LAUNCH_CHECKPOINT_DIR"] == "/opt/ml/checkpoints"
+    # the one provider with a failure file names it; the scripts write nowhere else
+    assert environment["LAUNCH_FAILURE_FILE"] == "/opt/ml/output/failure"
     assert environment["LAUNCH_MICRO_BATCH_SIZE"] == "4"
     assert environment["LAUNCH_RUN_ID"] == job.run_id and environment["LAUNCH_ATTEMPT"] == "1"
     assert kwargs["HyperParameters"]["micro_batch_size"] == "4"
@@ -290,8 +292,8 @@ def test_request_is_the_exact_create_call_built_without_side_effects(tmp_path, m
     assert channel["ChannelName"] == "code"
     assert channel["DataSource"]["S3DataSource"]["S3Uri"] == package.channel_uri
     assert package.s3_uri == package.channel_uri + "sourcedir.tar.gz"
-    assert package.files == ("launch_sagemaker.py", "launch_train.py", "model.py", "plan.json",
-                             "train.py")
+    assert package.files == ("launch_runtime.py", "launch_sagemaker.py", "launch_train.py",
+                             "model.py", "plan.json", "train.py")
     with tarfile.open(fileobj=io.BytesIO(package.data), mode="r:gz") as tar:
         plan_json = json.loads(tar.extractfile("plan.json").read())
     assert plan_json["recipe_file"] == "train.py"
@@ -378,7 +380,7 @@ def test_the_code_package_holds_no_secrets_and_honours_ignore_files(tmp_path):
         contents = b"".join(tar.extractfile(m).read() for m in members)
     code = sorted(("train.py", *PLANTED_KEPT))
     assert [m.name for m in members] == sorted(
-        (*code, BOOTSTRAP_NAME, "launch_train.py", "plan.json"))
+        (*code, BOOTSTRAP_NAME, "launch_runtime.py", "launch_train.py", "plan.json"))
     assert all(m.isfile() for m in members)  # no links in the archive
     assert b"aws_access_key_id" not in contents and b"private_key" not in contents
 

@@ -521,7 +521,7 @@ def test_submit_stages_once_per_hash_and_creates_the_job_as_requested(
     code = read_archive(storage, code_uri)
     assert code == {"code/train.py": textwrap.dedent(TINY_RECIPE).encode()}
     files = read_archive(storage, job_uri)
-    assert set(files) == {"launch_train.py", "plan.json"}
+    assert set(files) == {"launch_train.py", "launch_runtime.py", "plan.json"}
     assert json.loads(files["plan.json"])["recipe_file"] == "code/train.py"
     recorded = json.loads((tmp_path / "state" / "runs" / RUN_ID / "attempt-1" /
                            "request.json").read_text())

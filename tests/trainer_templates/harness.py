@@ -10,6 +10,7 @@ and ``start`` them concurrently, waiting only when they need the result.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import os
 import resource
@@ -18,10 +19,19 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from launcher.plan.plan import Plan
-from launcher.render import RenderedJob, TrainSettings, render
+from launcher.render import (
+    RUNTIME_NAME,
+    SCRIPT_NAME,
+    RenderedJob,
+    TrainSettings,
+    render,
+    render_script,
+    runtime_source,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPES = Path(__file__).parent / "recipes"
@@ -156,3 +166,25 @@ def copy_checkpoint(run: Run, step: int, directory: Path) -> Path:
     name = f"step_{step:08d}.pt"
     shutil.copy(run.checkpoint_dir / name, directory / name)
     return directory
+
+
+def import_script(strategy: str, directory: Path) -> ModuleType:
+    """The rendered script as a module, launch_runtime.py beside it: importing them defines
+    their functions without training. The runtime is imported once per test process, as
+    ``launch_runtime`` (the name the script imports it by); the scripts' ``launch.`` names are
+    its functions."""
+    runtime = directory / RUNTIME_NAME
+    runtime.write_text(runtime_source())
+    if "launch_runtime" not in sys.modules:
+        _exec("launch_runtime", runtime)
+    path = directory / SCRIPT_NAME
+    path.write_text(render_script(strategy))
+    return _exec(f"rendered_{strategy}_{directory.name}", path)
+
+
+def _exec(name: str, path: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import importlib.util
 import json
 import math
 import pickle
@@ -32,9 +31,9 @@ from torch.distributed.checkpoint import FileSystemReader, state_dict_loader, st
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-from launcher.render import PLAN_NAME, render, render_script
+from launcher.render import PLAN_NAME, render
 from tests.trainer_templates import harness
-from tests.trainer_templates.harness import Pending, Run, start
+from tests.trainer_templates.harness import Pending, Run, import_script, start
 from tests.trainer_templates.test_training import (
     METRICS_KEYS,
     OOM_KEYS,
@@ -368,17 +367,6 @@ def test_resume_on_a_different_world_size(
 # -- the rendered script's functions, in this process ---------------------------------------------
 
 
-def import_script(strategy: str, directory: Path) -> ModuleType:
-    """The rendered script as a module: importing it defines its functions without training."""
-    path = directory / "launch_train.py"
-    path.write_text(render_script(strategy))
-    spec = importlib.util.spec_from_file_location(f"rendered_{strategy}_{directory.name}", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module", params=["fsdp", "hybrid_shard"])
 def script(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
@@ -401,11 +389,11 @@ def test_blocks_are_the_recipes_or_else_the_largest_repeated_class(
     """A transformer's layers, not the experts repeated inside them (more of those, but
     smaller); the recipe's wrap_modules() when it has one; none when nothing repeats."""
     model = torch.nn.Sequential(torch.nn.Embedding(8, 4), Layer(64), Layer(64), torch.nn.ReLU())
-    assert script.block_types(model, SimpleNamespace()) == (Layer,)
+    assert script.launch.block_types(model, SimpleNamespace()) == (Layer,)
     assert "sharding each of the 2 Layer blocks" in capsys.readouterr().err
     recipe = SimpleNamespace(wrap_modules=lambda: (torch.nn.Linear,))
-    assert script.block_types(model, recipe) == (torch.nn.Linear,)
-    assert script.block_types(torch.nn.Linear(2, 2), SimpleNamespace()) == ()
+    assert script.launch.block_types(model, recipe) == (torch.nn.Linear,)
+    assert script.launch.block_types(torch.nn.Linear(2, 2), SimpleNamespace()) == ()
     assert "one FSDP unit" in capsys.readouterr().err
 
 
@@ -418,13 +406,13 @@ def test_only_complete_step_directories_are_checkpoints(
     (tmp_path / "step_00000020").mkdir()  # no launch.pt: still being written, or never finished
     (tmp_path / "step_00000001.pt").write_bytes(b"")  # the replicated format's file
     (tmp_path / "notes").mkdir()
-    assert [p.name for p in script.list_checkpoints(tmp_path)] == [
+    assert [p.name for p in script.CHECKPOINTS.list_checkpoints(tmp_path)] == [
         "step_00000003", "step_00000007", "step_00000012"]
-    script.prune_checkpoints(tmp_path, keep=["step_00000007", "step_00000012"])
+    script.CHECKPOINTS.prune(tmp_path, keep=["step_00000007", "step_00000012"])
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "notes", "step_00000001.pt", "step_00000007", "step_00000012"]
-    assert script.list_checkpoints(tmp_path / "missing") == []
-    assert script.missing_shards(tmp_path / "step_00000007") == [".metadata"]
+    assert script.CHECKPOINTS.list_checkpoints(tmp_path / "missing") == []
+    assert script.launch.missing_shards(tmp_path / "step_00000007") == [".metadata"]
 
 
 def save_dcp(state: dict[str, Any], path: Path) -> Path:
@@ -449,18 +437,18 @@ def test_checkpoint_metadata_is_unpickled_with_dcp_s_names_only(
     optimizer = torch.optim.AdamW(model.parameters())
     model(torch.ones(1, 3)).sum().backward()
     optimizer.step()
-    path = save_dcp(script.sharded_state(model, optimizer), tmp_path / "step_00000001")
-    metadata = script.CheckedReader(path).read_metadata()
+    path = save_dcp(script.launch.sharded_state(model, optimizer), tmp_path / "step_00000001")
+    metadata = script.launch.checked_reader(path).read_metadata()
     assert metadata.state_dict_metadata == pickle.loads((path / ".metadata").read_bytes()) \
         .state_dict_metadata
-    assert script.missing_shards(path) == []
+    assert script.launch.missing_shards(path) == []
 
     sentinel = tmp_path / "ran"
     (path / ".metadata").write_bytes(pickle.dumps(Planted(sentinel)))
-    with pytest.raises(script.UntrustedCheckpoint, match="names pathlib.Path.touch"):
-        script.CheckedReader(path).read_metadata()
-    with pytest.raises(script.UntrustedCheckpoint):
-        script.missing_shards(path)
+    with pytest.raises(script.launch.UntrustedCheckpoint, match="names pathlib.Path.touch"):
+        script.launch.checked_reader(path).read_metadata()
+    with pytest.raises(script.launch.UntrustedCheckpoint):
+        script.launch.missing_shards(path)
     assert not sentinel.exists()
     with contextlib.suppress(Exception):  # what it guards against: DCP's reader runs it
         FileSystemReader(path).read_metadata()
@@ -469,8 +457,9 @@ def test_checkpoint_metadata_is_unpickled_with_dcp_s_names_only(
     metadata.storage_data = {index: dataclasses.replace(item, relative_path="../elsewhere")
                              for index, item in metadata.storage_data.items()}
     (path / ".metadata").write_bytes(pickle.dumps(metadata))
-    with pytest.raises(script.UntrustedCheckpoint, match="names a shard file '../elsewhere'"):
-        script.CheckedReader(path).read_metadata()
+    untrusted = script.launch.UntrustedCheckpoint
+    with pytest.raises(untrusted, match="names a shard file '../elsewhere'"):
+        script.launch.checked_reader(path).read_metadata()
 
 
 @NO_DIST
@@ -483,15 +472,15 @@ def test_non_tensor_values_of_a_checkpoint_load_as_plain_data_only(
     sentinel = tmp_path / "ran"
     path = save_dcp({"w": torch.ones(2), "lr": 0.5, "betas": (0.9, 0.99)}, tmp_path / "plain")
     state = {"w": torch.zeros(2), "lr": 0.0, "betas": ()}
-    state_dict_loader.load(state, checkpoint_id=path, storage_reader=script.CheckedReader(path),
-                           no_dist=True)
+    state_dict_loader.load(state, checkpoint_id=path,
+                           storage_reader=script.launch.checked_reader(path), no_dist=True)
     assert torch.equal(state["w"], torch.ones(2)) and state["lr"] == 0.5
     assert state["betas"] == (0.9, 0.99)
 
     path = save_dcp({"w": torch.ones(2), "lr": Planted(sentinel)}, tmp_path / "planted")
     with pytest.raises(CheckpointException, match="Weights only load failed"):
         state_dict_loader.load({"w": torch.zeros(2), "lr": 0.0}, checkpoint_id=path,
-                               storage_reader=script.CheckedReader(path), no_dist=True)
+                               storage_reader=script.launch.checked_reader(path), no_dist=True)
     assert not sentinel.exists()
     assert torch.load is torch.serialization.load  # restricted for the read only
     with contextlib.suppress(CheckpointException):

@@ -20,8 +20,7 @@ import torch
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
 from launcher.render import SCRIPT_NAME, render_script
-from tests.trainer_templates.harness import REPO
-from tests.trainer_templates.test_sharded import import_script
+from tests.trainer_templates.harness import REPO, import_script
 
 # The torch.sagemaker names AWS documents, from "The SageMaker model parallel library v2
 # reference" (docs.aws.amazon.com/sagemaker/latest/dg/distributed-model-parallel-v2-reference.html).

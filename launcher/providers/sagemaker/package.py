@@ -26,6 +26,9 @@ CODE_ARCHIVE = f"{OPT_ML}/input/data/{CODE_CHANNEL}/{PACKAGE_NAME}"
 CODE_DIR = f"{OPT_ML}/code"
 RESOURCE_CONFIG = f"{OPT_ML}/input/config/resourceconfig.json"
 CHECKPOINT_LOCAL = f"{OPT_ML}/checkpoints"
+#: SageMaker shows this file's text as the job's FailureReason: the training script writes its
+#: out-of-memory report there (LAUNCH_FAILURE_FILE), the first rank to fail.
+FAILURE_FILE = f"{OPT_ML}/output/failure"
 BOOTSTRAP_NAME = "launch_sagemaker.py"
 #: ``launch_sagemaker.py``: reads SageMaker's resourceconfig.json and execs torchrun with this
 #: host's node rank (``bootstrap.py`` of this package, shipped as package data).

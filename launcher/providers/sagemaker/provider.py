@@ -29,17 +29,15 @@ route (``sagemaker_program`` and ``sagemaker_torch_distributed_enabled`` hyperpa
 request holds the whole command, so `launch plan` shows what will run and the tests run that
 very command; the toolkit's conversion of hyperparameters into script arguments and its own
 failure-file handling stay out of the way; and the SMP v2 image is driven the same way (SMP v2
-runs under plain torchrun).
-
-Each ContainerEntrypoint/ContainerArguments element is limited to 256 characters, which is why the
-multi-node logic lives in a shipped file rather than in a ``sh -c`` one-liner.
+runs under plain torchrun). Each ContainerEntrypoint/ContainerArguments element is limited to 256
+characters, which is why the multi-node logic lives in a shipped file, not a ``sh -c`` one-liner.
 
 Checkpoints: ``CheckpointConfig`` maps ``/opt/ml/checkpoints`` to ``s3://<bucket>/<prefix>/<run>/
 checkpoints``, shared by every attempt of a run, and ``LAUNCH_CHECKPOINT_DIR`` points the template
-there, so a resubmitted attempt starts from the newest checkpoint of the one that ran out of memory.
-
-Nothing from the launcher's environment goes into the request: no credentials in the
-hyperparameters, the environment or the tags (the job gets the role's credentials).
+there, so a resubmitted attempt starts from the newest checkpoint of the one that ran out of memory;
+``LAUNCH_FAILURE_FILE``, at SageMaker's failure file, where its out-of-memory report goes. Nothing
+from the launcher's environment goes into the request: no credentials in the hyperparameters, the
+environment or the tags (the job gets the role's credentials).
 """
 
 from __future__ import annotations
@@ -66,6 +64,7 @@ from launcher.providers.sagemaker.package import (
     CODE_ARCHIVE,
     CODE_CHANNEL,
     CODE_DIR,
+    FAILURE_FILE,
     RESOURCE_CONFIG,
     CodePackage,
     build_package,
@@ -320,6 +319,7 @@ class SageMakerProvider(SageMakerLogs, Provider):
         environment = {
             **job.rendered.env,
             "LAUNCH_CHECKPOINT_DIR": CHECKPOINT_LOCAL,
+            "LAUNCH_FAILURE_FILE": FAILURE_FILE,
             "LAUNCH_PLAN": "plan.json",
             "LAUNCH_RUN_ID": job.run_id,
             "LAUNCH_ATTEMPT": str(job.attempt),
