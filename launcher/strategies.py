@@ -15,8 +15,9 @@ library: FSDP configured by SageMaker, in its own image). Each is one ``Strategy
 - the reasons (``plan/reasons.py``) and the plan table: its ``words`` and ``label``;
 - the estimator: how one rank is traced (``rank_trace``: whole, or at two depths of the block
   stack and extrapolated) and how many replicas it has (``replicas``);
-- the providers: where it runs (``providers``), the oldest torch its rendered script ran under
-  (``oldest_torch``, ``providers/images.py``), the image it needs (``image``);
+- the providers: where it runs (``vendor``: only where a provider's catalog offers it), the
+  oldest torch its rendered script ran under (``oldest_torch``, ``providers/images.py``), the
+  image it needs (``image``);
 - the renderer: its template is ``trainer_templates/<name>.py.j2``.
 
 Adding a strategy is one ``Strategy`` here, one template, and its line in CONTRIBUTING.md's
@@ -29,7 +30,10 @@ child all import it.
 
 from __future__ import annotations
 
+import functools
+import json
 from dataclasses import dataclass
+from importlib import resources
 from typing import Literal
 
 #: How far a strategy shards the model states: not at all (every process holds them whole),
@@ -50,8 +54,10 @@ class Strategy:
     shards: Shards
     #: The oldest torch (major, minor) its rendered script ran under (``providers/images.py``).
     oldest_torch: tuple[int, int]
-    #: The providers it runs on; None: every one (its template runs in any PyTorch image).
-    providers: tuple[str, ...] | None = None
+    #: A provider's own library (SMP v2): it runs only on the providers whose catalog lists it
+    #: (``strategies`` in ``plan/catalogs/<provider>.json``); otherwise on every one (its
+    #: template runs in any PyTorch image).
+    vendor: bool = False
     #: The image it needs beyond a stock PyTorch one (SMP v2: SageMaker's SMP container), as
     #: a provider's image table names it; None: any PyTorch image of its ``oldest_torch``.
     image: str | None = None
@@ -110,7 +116,32 @@ class Strategy:
         return nodes if self.shards == "node" else 1
 
     def runs_on(self, provider: str) -> bool:
-        return self.providers is None or provider in self.providers
+        return not self.vendor or self.name in _offered(provider)
+
+    @property
+    def providers(self) -> tuple[str, ...]:
+        """The providers with a machine catalog it runs on (by name)."""
+        return tuple(p for p in _catalogued() if self.runs_on(p))
+
+
+@functools.cache
+def _catalogued() -> tuple[str, ...]:
+    """The providers with a machine catalog, by name. Read from the catalogs' folder, not asked
+    of ``plan.catalog`` or the provider registry, which both sit above this module."""
+    folder = resources.files("launcher.plan").joinpath("catalogs")
+    return tuple(sorted(f.name.removesuffix(".json") for f in folder.iterdir()
+                        if f.name.endswith(".json") and f.name != "gpus.json"))
+
+
+@functools.cache
+def _offered(provider: str) -> tuple[str, ...]:
+    """The vendor strategies ``provider`` offers: its machine catalog's ``strategies``
+    (``plan/catalogs/<provider>.json``, where a provider says what it has); none without one."""
+    path = resources.files("launcher.plan").joinpath("catalogs", f"{provider}.json")
+    if not path.is_file():
+        return ()
+    listed = json.loads(path.read_text(encoding="utf-8")).get("strategies") or ()
+    return tuple(str(name) for name in listed)
 
 
 #: Every strategy, in the order ``--strategy`` lists them.
@@ -126,7 +157,7 @@ STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
              rank_trace="depth_scaled", sized_per_rank=True, script_parallelism="fsdp",
              sharding_rung=0, multi_node_only=True),
     Strategy("smp_v2", "SageMaker's model-parallel library", "smp_v2", "node", (2, 5),
-             providers=("sagemaker",), image="smp", beside=("fsdp", "hybrid_shard"),
+             vendor=True, image="smp", beside=("fsdp", "hybrid_shard"),
              kept_over="SMP v2 is PyTorch FSDP configured by SageMaker and runs only in its SMP "
              "image (PyTorch 2.5.1); its extras (tensor parallelism, activation offloading) are "
              "not needed here"),
@@ -139,7 +170,7 @@ SINGLE: str = next(s.name for s in STRATEGIES.values() if s.one_process)
 #: The strategy of several processes that shards nothing (a replica on every GPU): the
 #: planner's starting point on more than one GPU.
 REPLICATED: str = next(s.name for s in STRATEGIES.values()
-                       if not s.one_process and not s.sharded and s.providers is None)
+                       if not s.one_process and not s.sharded and not s.vendor)
 
 
 def get(name: str) -> Strategy:
@@ -158,10 +189,12 @@ def elsewhere(name: str | None, provider: str | None) -> tuple[str, str] | None:
         return None
     alike = [s.name for s in STRATEGIES.values()
              if s.sharded == pinned.sharded and s.runs_on(provider or "")]
+    where = pinned.providers
+    hints = [f"--provider {where[0]}"] if where else []
+    hints += [f"--strategy {' / '.join(alike)}"] if alike else []
     return (f"{pinned.name} is {pinned.words} and runs only on "
-            f"{' and '.join(pinned.providers or ())}",
-            f"use --provider {(pinned.providers or ('',))[0]}"
-            + (f", or --strategy {' / '.join(alike)}" if alike else ""))
+            f"{' and '.join(where) or 'no provider this launch knows'}",
+            "use " + (", or ".join(hints) or "another --strategy"))
 
 
 def sharding_rungs(nodes: int) -> list[Strategy]:

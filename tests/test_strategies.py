@@ -166,3 +166,20 @@ def test_a_registered_strategy_is_a_rung_of_the_unpinned_search_in_its_place(toy
     assert TOY.name in order and "fsdp" not in order[:order.index(TOY.name)], order
     assert result.chosen is not None and result.chosen.strategy == TOY.name
     assert strategies.sharding_rungs(1)[0] is TOY
+
+
+def test_a_vendor_strategy_runs_where_a_catalog_offers_it_and_nowhere_else() -> None:
+    """SMP v2 is SageMaker's: its catalog's ``strategies`` says so, not a list in the strategy
+    (a provider's place is its own, and a cloud's name is not written outside it)."""
+    import json
+    from importlib import resources
+
+    folder = resources.files("launcher.plan").joinpath("catalogs")
+    offered = {f.name.removesuffix(".json"): json.loads(f.read_text()).get("strategies", [])
+               for f in folder.iterdir() if f.name.endswith(".json") and f.name != "gpus.json"}
+    assert any(offered.values())  # the rule is exercised
+    for s in STRATEGIES.values():
+        for provider, names in offered.items():
+            assert s.runs_on(provider) == (not s.vendor or s.name in names), (s.name, provider)
+        assert s.runs_on("local") == (not s.vendor)  # no catalog, no vendor strategy
+
