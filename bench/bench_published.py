@@ -13,7 +13,7 @@ is compared, because the sources measure different things (peak reserved, NVML "
 
 Rows whose model is a Hugging Face config (bert-large, Llama 3.1 8B) also get the **traced**
 figure, which is what ``launch plan --model-config`` answers when transformers is importable:
-``preflight._hf_traced`` itself (estimate/hf_recipe.py's recipe traced emulating CUDA, then the
+``footprints.hf_traced`` itself (estimate/hf_recipe.py's recipe traced emulating CUDA, then the
 same ``per_gpu_memory``; for a sharded plan near capacity, one rank traced at its world size),
 at the row's batch, sequence, precision, optimizer and checkpointing. Each setting is traced once
 per run (a few minutes in all on two cores). The BERT rows are traced with ``--attention math``
@@ -208,7 +208,7 @@ def traced_footprint(config: dict[str, Any], seq: int, precision: str, optimizer
                      checkpointing: bool | str, attention: str | None = None,
                      optimizer_impl: str | None = None) -> Footprint | str:
     """The footprint `launch plan --model-config config.json --seq-len seq [--attention ...]`
-    plans with when transformers is importable: ``preflight._hf_traced`` itself
+    plans with when transformers is importable: ``footprints.hf_traced`` itself
     (estimate/hf_recipe.py's recipe, ``trace_recipe`` emulating CUDA on the CPU, the spec's
     default training settings, and the rank trace at world size for a sharded plan near
     capacity), or why there is none."""
@@ -227,8 +227,8 @@ def traced_footprint(config: dict[str, Any], seq: int, precision: str, optimizer
 def _trace(config: dict[str, Any], text: str, seq: int, precision: str, optimizer: str,
            checkpointing: bool | str, attention: str | None,
            optimizer_impl: str | None = None) -> Footprint | str:
-    """One trace through preflight's ``_hf_traced``, as ``launch plan`` makes it."""
-    from launcher.preflight import _hf_traced
+    """One trace through ``footprints.hf_traced``, as ``launch plan`` makes it."""
+    from launcher.footprints import hf_traced
 
     if not _TRACE_DIR:
         _TRACE_DIR.append(Path(tempfile.mkdtemp(prefix="bench-published-")))
@@ -242,7 +242,7 @@ def _trace(config: dict[str, Any], text: str, seq: int, precision: str, optimize
                            seed=0, attention=attention, optimizer_impl=optimizer_impl)
     failed: dict[str, str] = {}
     environ = {"LAUNCH_TRACE_TIMEOUT": "1200", **os.environ}
-    fp = _hf_traced(spec, shape, precision, optimizer, checkpointing,  # type: ignore[arg-type]
+    fp = hf_traced(spec, shape, precision, optimizer, checkpointing,  # type: ignore[arg-type]
                     "cuda", environ, folder, failed)
     if fp.kind in ("traced", "upper_bound"):
         return fp

@@ -151,7 +151,7 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
 def compare(measured_file: Path) -> list[dict[str, Any]]:
     """The launcher's figures for each measured BERT row, on an H200 with this file's CUDA:
     ``launch plan --model-config bert-large.json --seq-len 512 --attention math`` traced
-    (bench_published.traced_memory: preflight's own ``_hf_traced``) and the analytic path, each
+    (bench_published.traced_memory: ``footprints.hf_traced``) and the analytic path, each
     row's peak allocated and reserved (no context) next to the allocator's, and the context."""
     import bench_published as bp
 

@@ -134,19 +134,19 @@ class Runs:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runs]:
     pytest.importorskip("transformers")
-    import launcher.preflight as preflight_module
+    import launcher.footprints as footprints_module
 
     r = Runs(tmp_path_factory.mktemp("hf"))
-    real = preflight_module._hf_traced
+    real = footprints_module.hf_traced
 
-    def spy(spec, *args, **kwargs):  # keeps the footprints preflight's estimator made
+    def spy(spec, *args, **kwargs):  # keeps the footprints preflight's Footprints made
         footprint = real(spec, *args, **kwargs)
         with r.lock:
             r.footprints.setdefault(spec.model_config, []).append(footprint)
         return footprint
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(preflight_module, "_hf_traced", spy)
+        patch.setattr(footprints_module, "hf_traced", spy)
         # The analytic formulas size UNKNOWN like a Llama; transformers does not know it.
         patch.setattr(model_config, "LLAMA_LIKE", (*model_config.LLAMA_LIKE, UNKNOWN))
         patch.setattr(model_config, "SUPPORTED", (*model_config.SUPPORTED, UNKNOWN))
@@ -271,10 +271,11 @@ def test_unknown_model_type_falls_back_to_the_analytic_estimate(runs):
 def test_analytic_without_tracing_or_transformers(tmp_path, monkeypatch, environ, transformers):
     import importlib.util
 
+    import launcher.footprints as footprints_module
     import launcher.preflight as preflight_module
 
     called = []
-    monkeypatch.setattr(preflight_module, "_hf_traced", lambda *a, **k: called.append(a))
+    monkeypatch.setattr(footprints_module, "hf_traced", lambda *a, **k: called.append(a))
     find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: (
         None if name == "transformers" and not transformers else find_spec(name, *a)))

@@ -258,8 +258,8 @@ def test_hf_2022_adamw_rows_run_the_trainers_for_loop_adamw(rows):
 
 @pytest.mark.slow
 def test_traced_column_is_launch_plans_trace(monkeypatch):
-    """The traced column runs preflight's own ``_hf_traced`` (a tiny BERT here, for time) and
-    caches each setting's trace for the run."""
+    """The traced column runs ``footprints.hf_traced``, as preflight plans with it (a tiny BERT
+    here, for time) and caches each setting's trace for the run."""
     pytest.importorskip("transformers")
     monkeypatch.setitem(bench_published.TRACE, "on", True)
     monkeypatch.setattr(bench_published, "_TRACED", {})

@@ -1,8 +1,11 @@
-"""Preflight's traced footprints: one rank of a sharded plan traced at its world size."""
+"""The footprints preflight hands the planner (launcher/footprints.py): one rank of a sharded plan
+traced at its world size, the rank traces' shared budget, and the plan path that calls them
+without coming back into preflight."""
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import textwrap
 from pathlib import Path
@@ -11,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "estimate"))
 from _recipes import GPT  # noqa: E402
 
 from launcher.estimate.traced import trace_recipe  # noqa: E402
-from launcher.preflight import _rank_traces  # noqa: E402
+from launcher.footprints import rank_traces  # noqa: E402
 
 OPTIONS = {"micro_batch_sizes": (1, 2, 4), "precision": "fp32", "optimizer": None,
            "activation_checkpointing": False, "device": "cpu", "timeout_s": 120.0}
@@ -20,7 +23,7 @@ OPTIONS = {"micro_batch_sizes": (1, 2, 4), "precision": "fp32", "optimizer": Non
 def test_rank_memory_is_the_ranks_own_trace(tmp_path: Path) -> None:
     recipe = tmp_path / "gpt.py"
     recipe.write_text(textwrap.dedent(GPT))
-    rank_memory_at = _rank_traces(recipe, dict(OPTIONS))
+    rank_memory_at = rank_traces(recipe, dict(OPTIONS))
     for accum in (1, 4):
         memory = rank_memory_at("fsdp", 1, 2, 2, accum)
         trace = trace_recipe(recipe, **{**OPTIONS, "grad_accum_steps": min(accum, 2)},
@@ -47,7 +50,7 @@ def test_a_scaled_rank_whose_peak_moved_between_depths_is_traced_whole(tmp_path:
     whole = trace_recipe(recipe, **options, strategy=hybrid, scale_depth=False)
     assert scaled.moment_moved(8, 1) and not scaled.moment_moved(2, 1)
     assert scaled.peak_at(8, 1) > 1.1 * whole.peak_at(8, 1)
-    assert _rank_traces(recipe, dict(options))("hybrid_shard", 2, 2, 8, 1) == \
+    assert rank_traces(recipe, dict(options))("hybrid_shard", 2, 2, 8, 1) == \
         whole.memory_at(8, 1)
 
 
@@ -55,21 +58,21 @@ def test_a_recipe_that_cannot_be_traced_leaves_the_scaled_estimate(tmp_path: Pat
     recipe = tmp_path / "broken.py"
     recipe.write_text("def build_model(): raise ValueError('no')\n"
                       "def example_batch(b): ...\ndef training_step(m, b): ...\n")
-    assert _rank_traces(recipe, dict(OPTIONS))("fsdp", 1, 2, 2, 1) is None
+    assert rank_traces(recipe, dict(OPTIONS))("fsdp", 1, 2, 2, 1) is None
 
 
 def test_rank_traces_share_one_budget_and_say_what_they_skipped(tmp_path: Path) -> None:
     """A catalog search can ask for a dozen rank traces; together they get one budget, after
     which the scaled estimate stands and the plan says so (a 7B preflight once ran 15 minutes)."""
-    from launcher.preflight import _Budget
+    from launcher.footprints import Budget
 
     recipe = tmp_path / "gpt.py"
     recipe.write_text(textwrap.dedent(GPT))
-    spent = _Budget(0.0)
-    assert _rank_traces(recipe, dict(OPTIONS), spent)("fsdp", 1, 2, 2, 1) is None
+    spent = Budget(0.0)
+    assert rank_traces(recipe, dict(OPTIONS), spent)("fsdp", 1, 2, 2, 1) is None
     assert spent.skipped == 1 and "LAUNCH_RANK_TRACE_BUDGET" in (spent.note() or "")
-    budget = _Budget(1000.0)
-    rank_memory_at = _rank_traces(recipe, dict(OPTIONS), budget)
+    budget = Budget(1000.0)
+    rank_memory_at = rank_traces(recipe, dict(OPTIONS), budget)
     assert rank_memory_at("fsdp", 1, 2, 2, 1) is not None
     left = budget.left
     assert left < 1000.0 and budget.note() is None
@@ -192,3 +195,45 @@ def test_a_config_launch_cannot_size_is_refused_in_one_line_when_it_cannot_be_tr
     assert unknown.status == 2 and unknown.stderr.count("\n") == 1, unknown.stderr
     assert "transformers could not build it either" in unknown.stderr
     assert "Traceback" not in unknown.stderr + untraced.stderr
+
+
+def test_the_plan_path_enters_preflight_once(tmp_path: Path, monkeypatch) -> None:
+    """From ``Runner.plan`` to the chosen plan, launch/preflight.py is called into once (the
+    runner's call); the planner asks ``Footprints`` and the rank traces for what it needs,
+    never preflight again (issue 26: it was entered 8 times). Counted with a profile hook
+    over a real plan of a traced recipe, and of a ``--params`` cloud plan."""
+    from launcher.context import Environment
+    from launcher.runner import Runner
+
+    package = Path(__import__("launcher").__file__).parent
+    preflight_py = str(package / "preflight.py")
+    recipe = tmp_path / "gpt.py"
+    recipe.write_text(textwrap.dedent(GPT))
+    monkeypatch.setenv("LAUNCH_STATE_DIR", str(tmp_path / "state"))
+
+    def entries(options: dict) -> list[str]:
+        calls: list[str] = []
+
+        def hook(frame, event, arg) -> None:
+            if (event != "call" or frame.f_code.co_filename != preflight_py
+                    or frame.f_code.co_name == "<module>"):  # its import: not a call into it
+                return
+            caller = frame.f_back
+            while caller is not None and not caller.f_code.co_filename.startswith(str(package)):
+                caller = caller.f_back
+            if caller is None or caller.f_code.co_filename != preflight_py:
+                calls.append(frame.f_code.co_name)
+
+        runner = Runner(Environment(cwd=tmp_path, environ={**os.environ}))
+        sys.setprofile(hook)
+        try:
+            planned = runner.plan(options, dry_run=True)
+        finally:
+            sys.setprofile(None)
+        assert planned.result.chosen is not None
+        return calls
+
+    assert entries({"script": recipe, "provider": "local"}) == ["preflight"]
+    assert entries({"script": recipe, "provider": "vertex", "params": 7_000_000_000,
+                    "region": "us-central1"}) == ["preflight"]
+
