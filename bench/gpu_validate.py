@@ -67,7 +67,7 @@ sys.path.insert(0, str(HERE))
 
 from launcher.plan.plan import Plan  # noqa: E402
 from launcher.render import SCRIPT_NAME, TrainSettings, render  # noqa: E402
-from launcher.runs import atomic_write  # noqa: E402
+from launcher.statefiles import atomic_write  # noqa: E402
 
 #: zoo_hf.MODELS and models_zoo.ARCHS by name, without importing torch in this process.
 HF_MODELS = ("llama", "llama_masked", "gpt2", "qwen2", "t5", "bart", "whisper", "bert",

@@ -75,7 +75,7 @@ def write_job_folder(spec: Spec, chosen: Plan | None, provider: Provider | None,
                      state_dir: Path, no_script: bool = False) -> str:
     """Write ``chosen``'s first attempt into ``out``; the sentence the plan's notes say of it
     (what was written, or why nothing was: no plan fits, no script, no request)."""
-    from launcher.runs import atomic_write
+    from launcher.statefiles import atomic_write
 
     if chosen is None:
         return f"nothing written to {out}: no plan fits"

@@ -23,7 +23,7 @@ import jinja2
 
 from launcher import strategies
 from launcher.plan.plan import PRECISIONS, Plan
-from launcher.runs import atomic_write
+from launcher.statefiles import atomic_write
 
 TEMPLATE_PACKAGE = "trainer_templates"
 TEMPLATE_SUFFIX = ".py.j2"

@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from launcher.runs import Run, corrupt, created_time
+from launcher.runs import Run, created_time
+from launcher.statefiles import corrupt
 from launcher.status import UsageError
 
 INDEX_NAME = "runs.jsonl"

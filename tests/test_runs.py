@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from launcher.runs import Attempt, Outcome, Run, atomic_write
+from launcher.runs import Attempt, Outcome, Run
+from launcher.statefiles import atomic_write
 from launcher.status import JobState, UsageError
 
 

@@ -29,7 +29,7 @@ from typing import Any
 from launcher import faults, processes
 from launcher.providers.base import Job, JobState, JobStatus, Provider, torchrun_script_args
 from launcher.providers.local_runner import runner_record
-from launcher.runs import corrupt, read_state, write_json
+from launcher.statefiles import corrupt, read_state, write_json
 from launcher.status import UsageError
 
 #: Threads per worker: torchrun's own default, set explicitly so it does not print its banner.

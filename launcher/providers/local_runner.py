@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher import faults, processes
-from launcher.runs import write_json_at
+from launcher.statefiles import write_json_at
 from launcher.status import JobState
 
 #: Seconds between SIGTERM and SIGKILL when a job is stopped. Short on purpose: a job is stopped

@@ -405,7 +405,7 @@ class SageMakerProvider(SageMakerLogs, Provider):
         """Upload the package (unless that hash is there), then create the job. Idempotent: the
         name is fixed per run and attempt, and a create that AWS may have executed before the
         connection broke or the call was throttled is followed by a describe that adopts it."""
-        from launcher.runs import write_json
+        from launcher.statefiles import write_json
 
         aws = self._aws()
         if request.record_dir:

@@ -583,6 +583,6 @@ def _geo(region: str) -> str:
 
 
 def _write_json(path: Path, data: Any) -> None:
-    from launcher.runs import write_json
+    from launcher.statefiles import write_json
 
     write_json(path, data)
