@@ -451,7 +451,7 @@ def _interrupted(env: Environment, stop: RunInterrupted) -> None:
         env.stderr.write(f"launch: {signal.Signals(stop.status - 128).name} received\n")
     if done is not None:
         env.stderr.write(f"launch: cancelled run {stop.run_id} (attempt {done.number}: "
-                         f"{done.summary.get('message')})\n")
+                         f"{done.summary.message})\n")
     else:
         env.stderr.write(f"launch: detached from run {stop.run_id}; the job goes on. "
                          f"Follow it with `launch attach {stop.run_id}`, "
@@ -703,7 +703,7 @@ def cancel_command(run_id: str | None, as_json: bool, debug: bool) -> None:
         _print_json(env, result.to_dict())
     else:
         env.stdout.write(f"run {result.run_id}: " + (
-            f"cancelled attempt {done[-1].number} ({done[-1].summary.get('message')})\n" if done
+            f"cancelled attempt {done[-1].number} ({done[-1].summary.message})\n" if done
             else "nothing running\n"))
     if result.still_running:
         raise LaunchError(f"run {result.run_id} was asked to stop but has not stopped yet",

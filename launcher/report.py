@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from launcher.plan.plan import Plan
 from launcher.plan.planner import PlanResult
 from launcher.units import format_bytes, format_count
+
+if TYPE_CHECKING:
+    from launcher.runs import Summary
 
 _COLORS = ("blue", "magenta", "yellow", "green", "cyan", "white")
 #: The plan table fits in this many columns (issue 14: it wrapped at 80 and at 140).
@@ -314,27 +317,25 @@ def origin_words(result: PlanResult) -> str:
     return "; ".join(parts)
 
 
-def print_summary(out: Any, run_id: str, status_name: str, summary: dict[str, Any],
+def print_summary(out: Any, run_id: str, status_name: str, summary: Summary,
                   attempts: int | list[Any]) -> None:
     """A run's last attempt, in words: what its events did not report is said to be unknown
     (a plain script writes none), never shown as 0, None or ?. Given the attempts themselves
     (``runs.Attempt``), each one's outcome and change, and the plan the last one ran."""
-    why = summary.get("not_reported")
+    why = summary.not_reported
     unknown = f"not reported ({why})" if why else "not reported"
-    peak = summary.get("peak_allocated_bytes")
-    rss = summary.get("peak_rss_bytes")
+    peak, rss = summary.peak_allocated_bytes, summary.peak_rss_bytes
     peak_text = (f"{format_bytes(peak)} allocated, "
-                 f"{format_bytes(summary.get('peak_reserved_bytes'))} reserved (max over ranks)"
+                 f"{format_bytes(summary.peak_reserved_bytes)} reserved (max over ranks)"
                  if peak is not None else f"{format_bytes(rss)} RSS (max over ranks)"
                  if rss is not None else "not reported")
-    loss = summary.get("loss")
-    steps = summary.get("steps")
+    loss, steps = summary.loss, summary.steps
     out.print(f"\nrun {run_id}: {status_name}")
     out.print(f"  steps       {steps if steps is not None else unknown}")
     out.print(f"  loss        {loss:.4f}" if isinstance(loss, (int, float))
               else "  loss        not reported")
     out.print(f"  peak memory {peak_text}")
-    out.print(f"  checkpoint  {summary.get('checkpoint') or 'none'}")
+    out.print(f"  checkpoint  {summary.checkpoint or 'none'}")
     if isinstance(attempts, int):
         out.print(f"  attempts    {attempts}")
         return
@@ -347,15 +348,13 @@ def print_summary(out: Any, run_id: str, status_name: str, summary: dict[str, An
         out.print(f"  plan        {plan_words(attempts[-1].plan)}")
 
 
-def plan_words(plan: dict[str, Any]) -> str:
-    """A recorded plan (``Plan.to_dict``) in a line: ``fsdp on 2 x ml.p4d.24xlarge (8 GPUs
-    each), micro-batch 2 x 4 accumulation, bf16_mixed, full checkpointing``."""
-    nodes, gpus = plan.get("nodes") or 1, plan.get("gpus_per_node") or 1
-    each = f" ({gpus} GPUs each)" if gpus > 1 else ""
-    checkpointing = plan.get("checkpointing") or "none"
-    return (f"{plan.get('strategy')} on {nodes} x {plan.get('machine')}{each}, micro-batch "
-            f"{plan.get('micro_batch_size')} x {plan.get('grad_accum_steps')} accumulation, "
-            f"{plan.get('precision')}"
+def plan_words(plan: Plan) -> str:
+    """A recorded plan in a line: ``fsdp on 2 x ml.p4d.24xlarge (8 GPUs each), micro-batch 2 x
+    4 accumulation, bf16_mixed, full checkpointing``."""
+    each = f" ({plan.gpus_per_node} GPUs each)" if plan.gpus_per_node > 1 else ""
+    checkpointing = plan.checkpointing or "none"
+    return (f"{plan.strategy} on {plan.nodes} x {plan.machine}{each}, micro-batch "
+            f"{plan.micro_batch_size} x {plan.grad_accum_steps} accumulation, {plan.precision}"
             + ("" if checkpointing == "none" else f", {checkpointing} checkpointing"))
 
 
@@ -412,14 +411,14 @@ def format_loss(value: Any) -> str:
 def format_attempt(attempt: Any, state: str) -> str:
     """One attempt of `launch status` for a person: its state, then only what is known
     (outcome, steps, loss to 4 significant digits, cost, what changed): never ``None``."""
-    summary = attempt.summary if isinstance(attempt.summary, dict) else {}
+    summary = attempt.summary
     parts = [f"attempt {attempt.number}: {state:<10}"]
     if attempt.outcome is not None:
         parts.append(f"outcome={attempt.outcome}")
-    steps = summary.get("steps")
+    steps = summary.steps
     if _number(steps):
         parts.append(f"step={steps:g}" if isinstance(steps, float) else f"step={steps}")
-    loss = summary.get("loss")
+    loss = summary.loss
     if _number(loss):
         parts.append(f"loss={format_loss(loss)}")
     if _number(attempt.cost_usd) and attempt.cost_usd:

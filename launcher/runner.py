@@ -20,13 +20,13 @@ import contextlib
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from launcher.context import Environment
 from launcher.run_index import RunList, index_run, indexed_run, list_runs, state_home
-from launcher.runs import Attempt, Outcome, Run
+from launcher.runs import Attempt, Outcome, Run, Summary
 from launcher.status import BadValue, ExitStatus, JobState, LaunchError, UsageError
 
 if TYPE_CHECKING:
@@ -93,14 +93,14 @@ class RunResult:
         return self.run.id
 
     @property
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> Summary:
         """The last attempt's summary (steps, loss, peak memory, checkpoint, message)."""
-        return self.attempts[-1].summary if self.attempts else {}
+        return self.attempts[-1].summary if self.attempts else Summary()
 
     def to_dict(self) -> dict[str, Any]:
         return {"run_id": self.run.id, "status": self.status.name.lower(),
                 "exit_status": int(self.status), "message": self.message,
-                "summary": self.summary, "attempts": [asdict(a) for a in self.attempts]}
+                "summary": self.summary.to_dict(), "attempts": [a.to_dict() for a in self.attempts]}
 
 
 class Interrupted(KeyboardInterrupt):
@@ -143,7 +143,7 @@ class AttemptStatus:
     live_state: JobState
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self.attempt), "live_state": self.live_state}
+        return {**self.attempt.to_dict(), "live_state": self.live_state}
 
 
 @dataclass

@@ -7,10 +7,10 @@
         checkpoints/      shared by all attempts, so a resubmission resumes
 
 Every file is replaced atomically (``statefiles.py``: write a temporary file, fsync, rename), so
-a launcher killed at any moment leaves either the old or the new content, never half of one. ``attempts.jsonl`` is
-read-modified-written under an exclusive lock, so a `cancel` and an `attach` at once both land. A
-file that is not what launch wrote (edited, truncated by a full disk) is a usage error naming the
-file, never an internal one. Run folders are the user's alone (0700).
+a launcher killed at any moment leaves either the old or the new content, never half of one.
+``attempts.jsonl`` is read-modified-written under an exclusive lock, so a `cancel` and an `attach`
+at once both land. A file that is not what launch wrote (edited, truncated by a full disk) is a
+usage error naming the file, never an internal one. Run folders are the user's alone (0700).
 """
 
 from __future__ import annotations
@@ -24,10 +24,14 @@ import os
 import secrets
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from launcher.events import OomEvent
+from launcher.failures import Diagnosis
+from launcher.plan.plan import Plan
+from launcher.remedies import Failure
 from launcher.statefiles import StateWriteError, atomic_write, corrupt, read_state, write_json
 from launcher.status import JobState, UsageError
 
@@ -46,47 +50,163 @@ class Outcome(enum.StrEnum):
 
 
 @dataclass
+class Summary:
+    """How an attempt went, as its events and its provider said (``Attempt.summary``): each
+    field None where nothing said. Written with every field (a CI reading ``--json`` finds the
+    same keys on every attempt), plus ``extra``: what a record of another version holds."""
+
+    message: str | None = None  # the provider's last word on the job
+    steps: int | None = None  # the last step an event reported; None: no event (not 0)
+    loss: float | None = None
+    peak_allocated_bytes: int | None = None
+    peak_reserved_bytes: int | None = None
+    peak_rss_bytes: int | None = None
+    checkpoint: str | None = None
+    resumed_from_step: int | None = None
+    not_reported: str | None = None  # why no event came, when none did
+    stop_latency_s: float | None = None  # from the OOM seen to the stop asked
+    log_behind_s: float | None = None  # how far the log shown trailed the job at most
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        known = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}
+        return {**self.extra, **known}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Summary:
+        names = {f.name for f in fields(cls)} - {"extra"}
+        summary = cls(**{k: v for k, v in data.items() if k in names},
+                      extra={k: v for k, v in data.items() if k not in names})
+        _check_types(summary, _SUMMARY_TYPES)
+        return summary
+
+
+@dataclass(frozen=True)
+class Diagnosed:
+    """What an attempt's failure was (``Attempt.diagnosis``): the log's diagnosis (``launch
+    explain``'s :class:`Diagnosis`), and the script's own ``oom`` event's other fields (step,
+    micro-step, batch shapes: ``event``). The event's values win where both speak (the
+    allocator's figures at the failure), so ``diagnosis`` holds them; written as one object."""
+
+    diagnosis: Diagnosis
+    event: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, diagnosis: Diagnosis, event: OomEvent | None = None) -> Diagnosed:
+        fields_ = dict(event.fields) if event is not None else {}  # less "launch"
+        names = {f.name for f in fields(Diagnosis)}
+        over = {k: v for k, v in fields_.items() if k in names}
+        return cls(replace(diagnosis, **over) if over else diagnosis,
+                   {k: v for k, v in fields_.items() if k not in names})
+
+    @property
+    def failure(self) -> Failure:
+        """The failure as the replanner reads it, field by field."""
+        d = self.diagnosis
+        return Failure(phase=d.phase, cause=d.cause, requested_bytes=d.requested_bytes,
+                       reserved_bytes=d.reserved_bytes, allocated_bytes=d.allocated_bytes,
+                       capacity_bytes=d.capacity_bytes, batch_shapes=self.event.get("batch_shapes"))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.diagnosis.to_dict(), **self.event}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Diagnosed:
+        names = {f.name for f in fields(Diagnosis)}
+        if not {"failure", "cause"} <= data.keys():
+            raise TypeError("diagnosis lacks failure or cause")
+        diagnosis = Diagnosis(**{k: v for k, v in data.items() if k in names})
+        _check_types(diagnosis, _DIAGNOSIS_TYPES)
+        return cls(diagnosis, {k: v for k, v in data.items() if k not in names})
+
+
+@dataclass
 class Attempt:
     """One submission of a plan. ``state``: submitting (written ahead of the job), then the
-    job's (:class:`JobState`)."""
+    job's (:class:`JobState`).
+
+    Typed throughout: the :class:`Plan` it ran, what failed (:class:`Diagnosed`), how it went
+    (:class:`Summary`). ``attempts.jsonl`` keeps its bytes: an attempt read from the file and
+    not changed since is written back as it was read (``record``), whichever version wrote
+    it; a new or changed one is written from its fields."""
 
     number: int
-    plan: dict[str, Any]
+    plan: Plan
     change: str = ""            # what changed from the previous attempt, and why
     job_id: str | None = None
     state: JobState = JobState.PENDING
     outcome: Outcome | None = None
-    diagnosis: dict[str, Any] | None = None
+    diagnosis: Diagnosed | None = None
     started_at: float = field(default_factory=time.time)
     ended_at: float | None = None
     exit_code: int | None = None
-    summary: dict[str, Any] = field(default_factory=dict)
+    summary: Summary = field(default_factory=Summary)
     cost_usd: float | None = None
+    #: The line as read from ``attempts.jsonl``, written back while the attempt is unchanged.
+    record: dict[str, Any] | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         # The record as read (strings) or built: the members, so each reader compares one type.
         self.state = JobState(self.state)
         self.outcome = None if self.outcome is None else Outcome(self.outcome)
 
+    def to_dict(self) -> dict[str, Any]:
+        """The line of ``attempts.jsonl`` (and of ``--json``'s attempts)."""
+        if self.record is not None and _read(self.record) == self:
+            return self.record
+        out: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self)
+                               if f.name not in ("record", "plan", "diagnosis", "summary")}
+        out["plan"] = self.plan.to_dict()
+        out["diagnosis"] = None if self.diagnosis is None else self.diagnosis.to_dict()
+        out["summary"] = self.summary.to_dict()
+        return out
+
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Attempt:
-        names = {f.name for f in fields(cls)}
-        try:
-            attempt = cls(**{k: v for k, v in data.items() if k in names})
-        except ValueError as exc:  # a state or outcome launch never writes
-            raise TypeError(str(exc)) from None
-        for name, kinds in _ATTEMPT_TYPES.items():
-            value = getattr(attempt, name)
-            if isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds):
-                raise TypeError(f"{name} is {type(value).__name__}, not "
-                                f"{' or '.join(k.__name__ for k in kinds)}")
-        if attempt.number < 1:
-            raise TypeError(f"attempt number {attempt.number}")
-        for name in ("started_at", "ended_at", "cost_usd"):
-            value = getattr(attempt, name)
-            if value is not None and not math.isfinite(value):
-                raise TypeError(f"{name} is not a finite number")
+        """An attempt as ``to_dict`` wrote it; ``TypeError`` for a record launch did not write
+        (a hand, a tool, a disk): refused as corrupt, never acted on."""
+        attempt = _read(data)
+        attempt.record = data
         return attempt
+
+
+def _read(data: dict[str, Any]) -> Attempt:
+    names = {f.name for f in fields(Attempt)} - {"record"}
+    values = {k: v for k, v in data.items() if k in names}
+    for name, kinds in _ATTEMPT_TYPES.items():
+        if name in values:
+            _check_type(name, values[name], kinds)
+    if "plan" not in values:
+        raise TypeError("plan is missing")
+    try:
+        values["plan"] = Plan.from_dict(values["plan"])
+    except (TypeError, ValueError, KeyError) as exc:
+        raise TypeError(f"plan: {exc}") from None
+    if values.get("diagnosis") is not None:
+        values["diagnosis"] = Diagnosed.from_dict(values["diagnosis"])
+    values["summary"] = Summary.from_dict(values.get("summary") or {})
+    try:
+        attempt = Attempt(**values)
+    except ValueError as exc:  # a state or outcome launch never writes
+        raise TypeError(str(exc)) from None
+    if attempt.number < 1:
+        raise TypeError(f"attempt number {attempt.number}")
+    for name in ("started_at", "ended_at", "cost_usd"):
+        value = getattr(attempt, name)
+        if value is not None and not math.isfinite(value):
+            raise TypeError(f"{name} is not a finite number")
+    return attempt
+
+
+def _check_type(name: str, value: Any, kinds: tuple[type, ...]) -> None:
+    if isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds):
+        raise TypeError(f"{name} is {type(value).__name__}, not "
+                        f"{' or '.join(k.__name__ for k in kinds)}")
+
+
+def _check_types(record: Any, types: dict[str, tuple[type, ...]]) -> None:
+    for name, kinds in types.items():
+        _check_type(name, getattr(record, name), kinds)
 
 
 #: The type of each field of ``run.json`` that launch reads back (absent ones are allowed: runs
@@ -103,6 +223,21 @@ _ATTEMPT_TYPES: dict[str, tuple[type, ...]] = {
     "diagnosis": (dict, type(None)), "started_at": (int, float), "ended_at": (int, float,
     type(None)), "exit_code": (int, type(None)), "summary": (dict,),
     "cost_usd": (int, float, type(None)),
+}
+_NUMBER = (int, float, type(None))
+_SUMMARY_TYPES: dict[str, tuple[type, ...]] = {
+    "message": (str, type(None)), "steps": (int, type(None)), "loss": _NUMBER,
+    "peak_allocated_bytes": (int, type(None)), "peak_reserved_bytes": (int, type(None)),
+    "peak_rss_bytes": (int, type(None)), "checkpoint": (str, type(None)),
+    "resumed_from_step": (int, type(None)), "not_reported": (str, type(None)),
+    "stop_latency_s": _NUMBER, "log_behind_s": _NUMBER,
+}
+_DIAGNOSIS_TYPES: dict[str, tuple[type, ...]] = {
+    "failure": (str,), "cause": (str, type(None)), "requested_bytes": (int, type(None)),
+    "capacity_bytes": (int, type(None)), "allocated_bytes": (int, type(None)),
+    "reserved_bytes": (int, type(None)), "free_bytes": (int, type(None)),
+    "rank": (int, type(None)), "line": (int, type(None)), "excerpt": (str,), "advice": (str,),
+    "phase": (str, type(None)), "signature": (str,), "host": (str, type(None)), "note": (str,),
 }
 
 
@@ -235,7 +370,7 @@ class Run:
             others = [a for a in self.attempts() if a.number != attempt.number]
             lines = sorted([*others, attempt], key=lambda a: a.number)
             atomic_write(self.path / "attempts.jsonl",
-                         "".join(json.dumps(asdict(a), sort_keys=True) + "\n" for a in lines))
+                         "".join(json.dumps(a.to_dict(), sort_keys=True) + "\n" for a in lines))
 
     def update_attempt(self, number: int, **changes: Any) -> Attempt:
         """Change some fields of one recorded attempt, reading it under the lock (a concurrent
@@ -246,7 +381,7 @@ class Run:
                 raise UsageError(f"run {self.id} has no attempt {number}")
             attempt = current[number] = replace(current[number], **changes)  # read as recorded
             atomic_write(self.path / "attempts.jsonl", "".join(
-                json.dumps(asdict(a), sort_keys=True) + "\n"
+                json.dumps(a.to_dict(), sort_keys=True) + "\n"
                 for a in sorted(current.values(), key=lambda a: a.number)))
             return attempt
 

@@ -21,7 +21,7 @@ from launcher.plan.plan import Plan
 from launcher.providers.base import Job, JobState, Provider
 from launcher.remedies import Failure
 from launcher.render import RenderedJob, TrainSettings, render
-from launcher.runs import Attempt, Outcome, Run
+from launcher.runs import Attempt, Diagnosed, Outcome, Run, Summary
 from launcher.script_info import env_flags
 from launcher.spec import Spec
 from launcher.status import ExitStatus
@@ -121,10 +121,12 @@ def _failure_line(attempt: Attempt) -> str:
     exit code 1") and the first failure the log shows ("(first failure: ValueError: ...)"). The
     job's own output (a worker's traceback, torchrun's ChildFailedError table) stays in its log,
     as printed; it is never repeated here."""
-    line = _one_line(attempt.summary.get("message")) or "the job failed"
-    diagnosis = attempt.diagnosis or {}
-    excerpt = _one_line(diagnosis.get("excerpt"))
-    if diagnosis.get("failure") not in (None, "none") and excerpt and excerpt not in line:
+    line = _one_line(attempt.summary.message) or "the job failed"
+    if attempt.diagnosis is None:
+        return line
+    diagnosis = attempt.diagnosis.diagnosis
+    excerpt = _one_line(diagnosis.excerpt)
+    if diagnosis.failure != "none" and excerpt and excerpt not in line:
         line += f" (first failure: {excerpt})"
     return line
 
@@ -132,10 +134,9 @@ def _failure_line(attempt: Attempt) -> str:
 def _lost_capacity(attempt: Attempt, provider: Provider) -> bool:
     """Preempted, or never given its machines (in the words of the provider's platform:
     ``Provider.lost_capacity``): worth the same plan again (resumed)."""
-    diagnosis = attempt.diagnosis or {}
-    if diagnosis.get("signature") == "preemption":
+    if attempt.diagnosis is not None and attempt.diagnosis.diagnosis.signature == "preemption":
         return True
-    return provider.lost_capacity(str(attempt.summary.get("message") or ""))
+    return provider.lost_capacity(attempt.summary.message or "")
 
 
 def build_job(spec: Spec, plan: Plan, run_id: str, number: int, run_path: Path) -> Job:
@@ -220,16 +221,17 @@ class Supervisor:
             repeat = _same_failure(attempts)
             if repeat:
                 return RunOutcome(self.run, ExitStatus.OUT_OF_MEMORY, attempts, repeat)
-            fixed = self.replan(plan, Failure.of(attempt.diagnosis)) if self.replan else None
+            failure = attempt.diagnosis.failure if attempt.diagnosis else Failure()
+            fixed = self.replan(plan, failure) if self.replan else None
             if isinstance(fixed, str):  # a change would help, but the script cannot see it
                 return RunOutcome(self.run, ExitStatus.OUT_OF_MEMORY, attempts,
                                   f"out of memory: {fixed}")
             if fixed is None:
-                diagnosis = attempt.diagnosis or {}
+                diagnosis = attempt.diagnosis.diagnosis if attempt.diagnosis else None
                 return RunOutcome(self.run, ExitStatus.OUT_OF_MEMORY, attempts,
-                                  f"out of memory (cause: {diagnosis.get('cause')}) and no "
-                                  f"change of micro-batch or checkpointing is left to try; "
-                                  f"{diagnosis.get('advice', '')}".rstrip("; "))
+                                  f"out of memory (cause: {diagnosis and diagnosis.cause}) and "
+                                  f"no change of micro-batch or checkpointing is left to try; "
+                                  f"{diagnosis.advice if diagnosis else ''}".rstrip("; "))
             plan, change = fixed
             faults.point("replan.chosen")
             spent = sum(a.cost_usd or 0.0 for a in attempts)
@@ -254,7 +256,7 @@ class Supervisor:
         ``submitting`` before the cloud create, so a launcher killed in between leaves a record
         that the next `status`/`attach` completes by the job's deterministic name (``adopt``)."""
         request = self.provider.dryrun(job)
-        attempt = Attempt(number=job.attempt, plan=job.plan.to_dict(), change=change,
+        attempt = Attempt(number=job.attempt, plan=job.plan, change=change,
                           state=JobState.SUBMITTING, cost_usd=cost_usd)
         self.run.save_attempt(attempt)
         faults.point("submit.recorded")
@@ -263,7 +265,7 @@ class Supervisor:
         except Exception as exc:  # refused; an interrupt leaves "submitting", for ``adopt``
             attempt.state, attempt.outcome = JobState.NOT_SUBMITTED, Outcome.NOT_SUBMITTED
             attempt.ended_at = time.time()
-            attempt.summary = {"message": f"not submitted: {exc}"}
+            attempt.summary = Summary(message=f"not submitted: {exc}")
             self.run.save_attempt(attempt)
             raise
         attempt.state = JobState.RUNNING
@@ -365,24 +367,23 @@ class Supervisor:
         attempt.state = status.state
         attempt.exit_code = status.exit_code
         attempt.ended_at = time.time()
-        price = attempt.plan.get("cost_per_hour_usd")
+        price = attempt.plan.cost_per_hour_usd
         if price is not None:  # billed time, as the plan's machines cost it
             attempt.cost_usd = round(price * (attempt.ended_at - attempt.started_at) / 3600, 4)
         if status.message:
             watcher.feed(status.message)  # the platform's failure text: a second signal
         diagnosis = watcher.result()
         if diagnosis.failure == "other":
-            attempt.diagnosis = diagnosis.to_dict()
+            attempt.diagnosis = Diagnosed.of(diagnosis)
         if status.state == JobState.CANCELLED and stopped_at is None:
             # Stopped by someone (`launch cancel`, the console), not by us for an OOM: the
             # SIGKILL a stop ends with reads as a probable host OOM, and must not be replanned.
             attempt.outcome = Outcome.CANCELLED
         elif progress.oom is not None or diagnosis.failure in MEMORY_FAILURES:
             attempt.outcome = Outcome.OOM
-            event = progress.oom.fields if progress.oom is not None else {}  # less "launch"
-            attempt.diagnosis = {**diagnosis.to_dict(), **event}
+            attempt.diagnosis = Diagnosed.of(diagnosis, progress.oom)  # the event's values win
             if seen_at is not None:
-                attempt.summary["stop_latency_s"] = round(time.monotonic() - seen_at, 3)
+                attempt.summary.stop_latency_s = round(time.monotonic() - seen_at, 3)
         elif status.state == JobState.SUCCEEDED:
             attempt.outcome = Outcome.SUCCESS
         elif status.state == JobState.CANCELLED:
@@ -391,11 +392,11 @@ class Supervisor:
             attempt.outcome = Outcome.FAILED
         spec = self.run.info.get("spec") or {}
         plain = spec.get("mode") == "script" and not spec.get("framework")
-        attempt.summary = {**attempt.summary,
-                           **progress.summary(PLAIN_UNREPORTED if plain else UNREPORTED),
-                           "message": status.message}
+        attempt.summary = replace(attempt.summary,
+                                  **progress.summary(PLAIN_UNREPORTED if plain else UNREPORTED),
+                                  message=status.message)
         if most_behind:
-            attempt.summary["log_behind_s"] = round(most_behind, 1)
+            attempt.summary.log_behind_s = round(most_behind, 1)
         self.run.save_attempt(attempt)
         self._calibrate(attempt)
         return progress
@@ -406,8 +407,9 @@ class Supervisor:
 
         script = Path(self.run.info.get("script", ""))
         try:
-            from_attempt(self.run.path.parent.parent, attempt.plan.get("machine"),
-                         model_key(script), attempt.plan, attempt.summary)
+            # calibration sits below the run records: it takes their JSON form
+            from_attempt(self.run.path.parent.parent, attempt.plan.machine, model_key(script),
+                         attempt.plan.to_dict(), attempt.summary.to_dict())
         except OSError:
             pass
 
@@ -418,15 +420,17 @@ def _same_failure(attempts: list[Attempt]) -> str:
     another change of the same kind would not either. Empty when it is a new failure."""
     if len(attempts) < 2:
         return ""
-    last, before = (a.diagnosis or {} for a in attempts[-2:][::-1])
-    asked = last.get("requested_bytes")
-    if asked is None or asked != before.get("requested_bytes") or (
-            last.get("phase") != before.get("phase")):
+    last, before = (a.diagnosis.diagnosis if a.diagnosis else None
+                    for a in attempts[-2:][::-1])
+    if last is None or before is None:
+        return ""
+    asked = last.requested_bytes
+    if asked is None or asked != before.requested_bytes or last.phase != before.phase:
         return ""
     from launcher.units import format_bytes
 
     return (f"attempt {attempts[-1].number} failed exactly as attempt {attempts[-2].number} did "
-            f"({last.get('phase') or 'the same phase'}, {format_bytes(asked)} requested): "
+            f"({last.phase or 'the same phase'}, {format_bytes(asked)} requested): "
             f"the change between them ({attempts[-1].change}) did not reach the job, so no "
             "further attempt is made; check that the script takes the plan's values")
 
@@ -445,8 +449,8 @@ def adopt_unrecorded(run: Run, provider: Provider) -> list[Attempt]:
             run.update_attempt(
                 attempt.number, state=JobState.NOT_SUBMITTED, outcome=Outcome.NOT_SUBMITTED,
                 ended_at=time.time(),
-                summary={"message": "never submitted: the launcher stopped before the job "
-                                    "was created"})
+                summary=Summary(message="never submitted: the launcher stopped before the "
+                                        "job was created"))
     return run.attempts()
 
 
@@ -479,4 +483,4 @@ def cancel_attempt(run: Run, provider: Provider, attempt: Attempt,
         message += f"; processes {left} are still running"
     return run.update_attempt(
         attempt.number, state=status.state, outcome=Outcome.CANCELLED, exit_code=status.exit_code,
-        ended_at=time.time(), summary={**attempt.summary, "message": message})
+        ended_at=time.time(), summary=replace(attempt.summary, message=message))

@@ -14,6 +14,7 @@ import pytest
 
 from launcher.cli import main
 from launcher.context import Environment
+from launcher.plan.plan import Plan
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"
@@ -119,3 +120,15 @@ def write_script(tmp_path: Path):
 @pytest.fixture
 def tiny_recipe(write_script) -> Path:
     return write_script(TINY_RECIPE)
+
+
+def a_plan(**changes: object) -> Plan:
+    """A whole plan, as the planner makes one: what an attempt records (the run records are
+    typed, so a test's attempt holds a real plan, not a fragment of one)."""
+    values: dict = {"strategy": "single", "machine": "local-cpu", "nodes": 1, "gpus_per_node": 1,
+                    "micro_batch_size": 4, "grad_accum_steps": 1, "global_batch_size": 4,
+                    "precision": "fp32", "optimizer": "adamw", "activation_checkpointing": False,
+                    "steps": 10, "lr": 1e-3}
+    values.update(changes)
+    return Plan(**values)
+

@@ -51,20 +51,18 @@ def test_a_summary_says_what_the_job_did_not_report_instead_of_0_none_or_a_quest
     """A plain script writes no progress events: its steps, loss and peak memory are not
     known, and the summary says so (it said ``steps 0``, ``loss None``, ``peak memory ?``)."""
     from launcher.report import console, print_summary
+    from launcher.runs import Summary
 
     stream = io.StringIO()
-    print_summary(console(stream), "run-1", "succeeded", {
-        "steps": None, "loss": None, "peak_allocated_bytes": None, "peak_reserved_bytes": None,
-        "peak_rss_bytes": None, "checkpoint": None,
-        "not_reported": "a plain script reports no progress events"}, 1)
+    print_summary(console(stream), "run-1", "succeeded", Summary(
+        not_reported="a plain script reports no progress events"), 1)
     text = stream.getvalue()
     assert "steps       not reported (a plain script reports no progress events)" in text
     assert "loss        not reported" in text and "peak memory not reported" in text
     assert "None" not in text and "?" not in text and " 0\n" not in text
     stream = io.StringIO()
-    print_summary(console(stream), "run-2", "succeeded", {
-        "steps": 3, "loss": 0.5, "peak_allocated_bytes": None, "peak_reserved_bytes": None,
-        "peak_rss_bytes": 2**30, "checkpoint": "/c/step-3"}, 1)
+    print_summary(console(stream), "run-2", "succeeded", Summary(
+        steps=3, loss=0.5, peak_rss_bytes=2**30, checkpoint="/c/step-3"), 1)
     assert "steps       3\n  loss        0.5000\n  peak memory 1.0 GiB RSS" in stream.getvalue()
 
 

@@ -87,7 +87,7 @@ def test_run_then_status_logs_attach_and_cancel(env, tiny_recipe):
     assert result.status == ExitStatus.SUCCESS and result.message == ""
     assert result.run_id.startswith(run_stem(tiny_recipe) + "-")
     assert [a.outcome for a in result.attempts] == ["success"]
-    assert result.summary["steps"] == 2
+    assert result.summary.steps == 2
     assert notes[0] == f"run {result.run_id} (state in {result.run.path})"
     assert any('"launch": "done"' in line for line in lines)
     assert result.to_dict()["status"] == "success"

@@ -4,22 +4,29 @@ import json
 
 import pytest
 
-from launcher.runs import Attempt, Outcome, Run
+from launcher.runs import Attempt, Diagnosed, Outcome, Run, Summary
 from launcher.statefiles import atomic_write
 from launcher.status import JobState, UsageError
+from tests.conftest import a_plan
+
+#: An attempt's plan as an older launch wrote it: a key this version dropped, one it added
+#: missing. It reads, and an attempt read and not changed is written back to the byte.
+OLD_PLAN = {**{k: v for k, v in a_plan().to_dict().items() if k != "reshard_after_forward"},
+            "retired_field": 3}
 
 
 def test_attempts_are_one_line_each_and_updated_in_place(tmp_path):
     run = Run.create(tmp_path, "tinygpt", {"provider": "local"})
-    run.save_attempt(Attempt(number=1, plan={"micro_batch_size": 8}, state="running"))
-    run.save_attempt(Attempt(number=2, plan={"micro_batch_size": 4}, state="running"))
+    run.save_attempt(Attempt(number=1, plan=a_plan(micro_batch_size=8, global_batch_size=8),
+                             state="running"))
+    run.save_attempt(Attempt(number=2, plan=a_plan(), state="running"))
     first = run.attempts()[0]
     first.state, first.outcome = "failed", "oom"
     run.save_attempt(first)
     lines = (run.path / "attempts.jsonl").read_text().splitlines()
     assert len(lines) == 2
     assert [json.loads(line)["outcome"] for line in lines] == ["oom", None]
-    assert Run.open(tmp_path, run.id).attempts()[1].plan == {"micro_batch_size": 4}
+    assert Run.open(tmp_path, run.id).attempts()[1].plan == a_plan()  # a Plan, as written
 
 
 def test_open_by_prefix_and_last(tmp_path):
@@ -67,14 +74,14 @@ def test_concurrent_updates_of_different_attempts_are_all_kept(tmp_path):
     def writer(number: int) -> None:
         mine = Run.open(tmp_path, run.id)
         for step in range(60):
-            mine.save_attempt(Attempt(number=number, plan={}, summary={"step": step}))
+            mine.save_attempt(Attempt(number=number, plan=a_plan(), summary=Summary(steps=step)))
 
     threads = [threading.Thread(target=writer, args=(n,)) for n in (1, 2, 3)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert {a.number: a.summary["step"] for a in run.attempts()} == {1: 59, 2: 59, 3: 59}
+    assert {a.number: a.summary.steps for a in run.attempts()} == {1: 59, 2: 59, 3: 59}
 
 
 def test_states_and_outcomes_are_read_as_members_and_written_as_before(tmp_path):
@@ -83,7 +90,7 @@ def test_states_and_outcomes_are_read_as_members_and_written_as_before(tmp_path)
     run = Run.create(tmp_path, "old", {"provider": "local"})
     line = json.dumps({"change": "", "cost_usd": None, "diagnosis": None, "ended_at": 2.0,
                        "exit_code": 1, "job_id": "j", "number": 1, "outcome": "oom",
-                       "plan": {}, "started_at": 1.0, "state": "cancelled",
+                       "plan": OLD_PLAN, "started_at": 1.0, "state": "cancelled",
                        "summary": {"message": "x"}}, sort_keys=True) + "\n"
     (run.path / "attempts.jsonl").write_text(line)
     attempt = run.attempts()[0]
@@ -93,11 +100,21 @@ def test_states_and_outcomes_are_read_as_members_and_written_as_before(tmp_path)
     updated = run.update_attempt(1, state="failed", outcome="failed")
     assert updated.state is JobState.FAILED and updated.outcome is Outcome.FAILED
     with pytest.raises(ValueError):
-        Attempt(number=2, plan={}, state="lost")
+        Attempt(number=2, plan=a_plan(), state="lost")
 
 
-@pytest.mark.parametrize("content", ['{"number": 1, "plan": {}, "state": "lost"}',
-                                     '{"number": 1, "plan": {}, "outcome": "detached"}'])
+_PLAN = a_plan().to_dict()
+
+
+@pytest.mark.parametrize("content", [json.dumps({"number": 1, "plan": _PLAN, **f}) for f in (
+    {"state": "lost"},
+    {"outcome": "detached"},
+    {"plan": {}},  # no plan launch would record
+    {"plan": {"strategy": "ddp"}},
+    {"summary": {"steps": "many"}},
+    {"diagnosis": {"failure": "gpu_oom"}},
+    {"diagnosis": {"failure": 7, "cause": None}},
+)])
 def test_a_state_launch_never_writes_is_a_usage_error(tmp_path, content):
     run = Run.create(tmp_path, "bad", {"provider": "local"})
     (run.path / "attempts.jsonl").write_text(content)
@@ -135,13 +152,78 @@ def test_a_writer_killed_mid_write_leaves_no_temporary_file_behind(tmp_path):
         real_replace = os.replace
         os.replace = lambda *a: os.kill(os.getpid(), signal.SIGKILL)  # type: ignore[assignment]
         try:
-            run.save_attempt(Attempt(number=1, plan={}))
+            run.save_attempt(Attempt(number=1, plan=a_plan()))
         finally:
             os.replace = real_replace
             os._exit(1)
     _pid, status = os.waitpid(pid, 0)
     assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
     assert list(run.path.glob(".attempts.jsonl.*.tmp"))  # what the dead writer left
-    run.save_attempt(Attempt(number=1, plan={"micro_batch_size": 2}))
+    run.save_attempt(Attempt(number=1, plan=a_plan(micro_batch_size=2, global_batch_size=2)))
     assert not list(run.path.glob(".attempts.jsonl.*.tmp"))
-    assert run.attempts()[0].plan == {"micro_batch_size": 2}
+    assert run.attempts()[0].plan.micro_batch_size == 2
+
+
+def test_an_attempt_holds_a_plan_a_failure_and_a_summary_and_keeps_its_bytes(tmp_path):
+    """Typed records (issue 26): what the supervisor records of an out-of-memory attempt reads
+    back as a Plan, a Diagnosed (whose ``failure`` is what the replanner reads, the event's
+    figures over the log's) and a Summary; a line written today is written again to the byte."""
+    from launcher.events import OomEvent, parse_event
+    from launcher.failures import Diagnosis
+    from launcher.remedies import Failure
+
+    diagnosis = Diagnosis(failure="gpu_oom", cause="activations", requested_bytes=2 << 30,
+                          rank=3, phase="backward", excerpt="CUDA out of memory.")
+    event = OomEvent.from_event(parse_event(json.dumps(
+        {"launch": "oom", "rank": 3, "phase": "forward", "step": 7, "micro_step": 2,
+         "requested_bytes": 3 << 30, "reserved_bytes": 70 << 30,
+         "batch_shapes": {"shape": [8, 1024], "dtype": "int64"}})))
+    run = Run.create(tmp_path, "typed", {"provider": "local"})
+    run.save_attempt(Attempt(number=1, plan=a_plan(), outcome="oom",
+                             diagnosis=Diagnosed.of(diagnosis, event),
+                             summary=Summary(steps=6, loss=2.5, stop_latency_s=0.4)))
+    written = (run.path / "attempts.jsonl").read_text()
+    attempt = run.attempts()[0]
+    assert attempt.plan == a_plan() and attempt.summary.steps == 6
+    assert attempt.diagnosis.diagnosis.phase == "forward"  # the event's, not the log's
+    assert attempt.diagnosis.event["step"] == 7
+    # what the replanner reads, as the dict path (Failure.of) made it before
+    assert attempt.diagnosis.failure == Failure.of(diagnosis.to_dict(), event)
+    assert attempt.diagnosis.failure.requested_bytes == 3 << 30
+    assert attempt.diagnosis.failure.batch_shapes == {"shape": [8, 1024], "dtype": "int64"}
+    run.save_attempt(attempt)
+    assert (run.path / "attempts.jsonl").read_text() == written
+    # a changed attempt is written from its fields, and reads back as changed
+    attempt.summary.message = "stopped"
+    run.save_attempt(attempt)
+    assert run.attempts()[0].summary.message == "stopped"
+    assert json.loads((run.path / "attempts.jsonl").read_text())["summary"]["steps"] == 6
+
+
+def test_a_run_recorded_by_an_earlier_launch_reads_typed_and_is_written_back_to_the_byte(
+        tmp_path, cli):
+    """tests/fixtures/runs/: a real run (an OOM, then a smaller micro-batch) recorded by launch
+    before its records were typed. Today's launch reads it (a Plan, the failure the replanner
+    read, a Summary), shows it, and rewrites it unchanged."""
+    import shutil
+    from pathlib import Path
+
+    fixture = next((Path(__file__).parent / "fixtures" / "runs").glob("code-*"))
+    state = tmp_path / "state"
+    shutil.copytree(fixture, state / "runs" / fixture.name)
+    run = Run.open(state, fixture.name)
+    first, second = run.attempts()
+    assert first.outcome is Outcome.OOM and first.plan.micro_batch_size == 8
+    assert first.diagnosis.failure.phase == "forward" and first.diagnosis.failure.activations
+    assert first.diagnosis.event["step"] == 1
+    assert second.plan.micro_batch_size == 4 and second.summary.steps == 4
+    before = (run.path / "attempts.jsonl").read_bytes()
+    for attempt in (first, second):
+        run.save_attempt(attempt)
+    assert (run.path / "attempts.jsonl").read_bytes() == before
+    shown = cli("status", fixture.name, "--json", environ={"LAUNCH_STATE_DIR": str(state)})
+    assert shown.status == 0, shown.stderr
+    lines = [json.loads(line) for line in before.decode().splitlines()]
+    assert [{k: v for k, v in a.items() if k != "live_state"} for a in shown.json()["attempts"]
+            ] == lines
+

@@ -19,8 +19,9 @@ from launcher.context import Environment
 from launcher.report import format_age, format_attempt, format_log_line
 from launcher.run_index import INDEX_NAME, index_run, list_runs, register, state_home
 from launcher.runner import Runner
-from launcher.runs import Attempt, Run
+from launcher.runs import Attempt, Run, Summary
 from launcher.status import ExitStatus
+from tests.conftest import a_plan
 
 
 def _run(state: Path, home: Path | None, stem: str = "tinygpt", provider: str = "local",
@@ -30,7 +31,9 @@ def _run(state: Path, home: Path | None, stem: str = "tinygpt", provider: str = 
         info = json.loads((run.path / "run.json").read_text())
         (run.path / "run.json").write_text(json.dumps({**info, "created_at": created_at}))
     for number, fields in enumerate(attempts, 1):
-        run.save_attempt(Attempt(number=number, plan={}, **fields))
+        if "summary" in fields:
+            fields = {**fields, "summary": Summary(**fields["summary"])}
+        run.save_attempt(Attempt(number=number, plan=a_plan(), **fields))
     if home is not None:
         register(home, run)
     return run
@@ -322,12 +325,13 @@ def test_status_prints_only_known_fields_and_a_rounded_loss(cli, tmp_path):
 
 
 def test_format_attempt_and_age():
-    attempt = Attempt(number=1, plan={}, state="succeeded", outcome="success", cost_usd=2.5,
-                      summary={"steps": 10, "loss": 0.000123456, "message": "x"})
+    attempt = Attempt(number=1, plan=a_plan(), state="succeeded", outcome="success",
+                      cost_usd=2.5, summary=Summary(steps=10, loss=0.000123456, message="x"))
     assert format_attempt(attempt, attempt.state) == (
         "attempt 1: succeeded  outcome=success step=10 loss=0.0001235 cost=$2.50")
-    weird = Attempt(number=2, plan={}, summary={"steps": "many", "loss": None})
-    assert format_attempt(weird, "pending") == "attempt 2: pending"
+    nothing = Attempt(number=2, plan=a_plan(), summary=Summary(loss=float("nan")))
+    assert format_attempt(nothing, "pending") == "attempt 2: pending    loss=nan"
+    assert format_attempt(Attempt(number=3, plan=a_plan()), "pending") == "attempt 3: pending"
     assert [format_age(s) for s in (2, 42, 190, 7300, 86400, 3 * 86400, float("nan"))] == [
         "just now", "42 s ago", "3 min ago", "2 h ago", "1 day ago", "3 days ago", "-"]
 

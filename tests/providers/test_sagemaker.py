@@ -604,7 +604,7 @@ def test_cuda_oom_on_one_of_16_ranks_stops_the_hanging_job_and_resubmits(
     job1 = fake.jobs[first.job_id]
     assert job1.stop_calls == 1 and job1.status == "Stopped"
     assert (first.outcome, first.state) == ("oom", "cancelled")
-    assert first.diagnosis["rank"] == 11 and first.diagnosis["phase"] == "forward"
+    assert first.diagnosis.diagnosis.rank == 11 and first.diagnosis.diagnosis.phase == "forward"
     assert any("out of memory" in n and "stopping the job" in n for n in notes), notes
     assert second.job_id == first.job_id.removesuffix("-a1") + "-a2"
     request1, request2 = (fake.jobs[a.job_id].request for a in outcome.attempts)
@@ -836,7 +836,7 @@ def test_a_flooding_16_rank_job_is_stopped_within_a_poll_of_its_oom_and_logged_w
            events_interval_s=p.settings.events_interval_s, flood_lines_per_s=round(job.flood_rate))
     assert job.stop_calls == 1 and job.status == "Stopped"
     assert outcome.status == ExitStatus.OUT_OF_MEMORY
-    assert (attempt.outcome, attempt.diagnosis["rank"]) == ("oom", 11)
+    assert (attempt.outcome, attempt.diagnosis.diagnosis.rank) == ("oom", 11)
     assert cloudwatch.throttled.get("GetLogEvents", 0) > 0  # the quota did bite
     assert cloudwatch.throttled.get("FilterLogEvents", 0) == 0
     # The stop came from the event channel, not from the log, which trailed: the supervisor's
@@ -953,8 +953,8 @@ def test_end_to_end_the_fake_runs_the_submitted_job_oom_stop_resubmit_resume(
     log = "\n".join(lines)
     assert outcome.status == ExitStatus.SUCCESS, log
     first, second = outcome.attempts
-    assert first.outcome == "oom" and first.diagnosis["rank"] == 1, log
-    assert first.diagnosis["phase"] == "forward"
+    assert first.outcome == "oom" and first.diagnosis.diagnosis.rank == 1, log
+    assert first.diagnosis.diagnosis.phase == "forward"
     events = [parse_event(x) for x in lines if parse_event(x)]
     resumed = [e for e in events if e["launch"] == "resume"]
     assert resumed and {e["step"] for e in resumed} == {2}, log
@@ -985,7 +985,7 @@ def test_status_logs_and_cancel_of_a_sagemaker_run(tmp_path, aws_env, fake, cli,
                 "log_settle_s": 0}
     run = Run.create(tmp_path / "state", "train", {"provider": "sagemaker",
                                                    "script": "train.py", "spec": settings})
-    run.save_attempt(Attempt(number=1, plan=make_plan().to_dict(), job_id=job_id,
+    run.save_attempt(Attempt(number=1, plan=make_plan(), job_id=job_id,
                              state="running"))
     deadline = time.monotonic() + 10
     while '"launch": "oom"' not in "".join(fake.jobs[job_id].written.get("algo-1", [])):
@@ -1023,9 +1023,9 @@ def test_a_launcher_killed_between_create_and_record_is_adopted_by_status(
                                                    "script": "train.py", "spec": settings})
     p = provider(aws_env)
     job = make_job(tmp_path, run_id=run.id)
-    run.save_attempt(Attempt(number=1, plan=make_plan().to_dict(), state="submitting"))
+    run.save_attempt(Attempt(number=1, plan=make_plan(), state="submitting"))
     job_id = p.schedule(p.dryrun(job))  # ... and the launcher dies here
-    run.save_attempt(Attempt(number=2, plan=make_plan().to_dict(), state="submitting"))
+    run.save_attempt(Attempt(number=2, plan=make_plan(), state="submitting"))
 
     assert p.adopt(run.id, 1, job.attempt_dir) == job_id
     status = cli("status", run.id, "--json")
@@ -1055,7 +1055,7 @@ def test_provider_errors_exit_6_through_the_cli(tmp_path, aws_env, fake, cli, mo
                         "launcher.providers.sagemaker:SageMakerProvider")
     run = Run.create(tmp_path / "state", "train", {"provider": "sagemaker", "spec": {
         "bucket": BUCKET, "role": ROLE, "region": "us-east-1"}})
-    run.save_attempt(Attempt(number=1, plan={}, job_id="launch-gone-a1", state="running"))
+    run.save_attempt(Attempt(number=1, plan=make_plan(), job_id="launch-gone-a1", state="running"))
     result = cli("status", run.id)
     assert result.status == 6
     assert "no SageMaker training job named launch-gone-a1" in result.stderr
@@ -1180,7 +1180,8 @@ def _silent_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, endpoint: str,
                                AWS_ENDPOINT_URL=endpoint)
     run = Run.create(tmp_path / "state", "train", {"provider": "sagemaker", "spec": {
         "bucket": BUCKET, "role": ROLE, "region": "us-east-1", **settings}})
-    run.save_attempt(Attempt(number=1, plan={}, job_id="launch-silent-a1", state="running"))
+    run.save_attempt(Attempt(number=1, plan=make_plan(), job_id="launch-silent-a1",
+                             state="running"))
     return run, environ
 
 

@@ -271,10 +271,12 @@ def test_only_a_sagemaker_request_imports_the_sdk(tiny_recipe, tmp_path: Path) -
         assert not seen["sdk"], f"{what} imported the SageMaker SDK"
     # Following a SageMaker job reads it with boto3 and builds no request.
     from launcher.runs import Attempt, Run
+    from tests.conftest import a_plan
 
     run = Run.create(tmp_path / "state", "train", {"provider": "sagemaker", "spec": {
         "bucket": BUCKET, "role": ROLE, "region": "us-east-1"}})
-    run.save_attempt(Attempt(number=1, plan={}, job_id="launch-train-a1", state="running"))
+    run.save_attempt(Attempt(number=1, plan=a_plan(), job_id="launch-train-a1",
+                             state="running"))
     status = _imports(["status", run.id], tmp_path)
     assert status == {"status": ExitStatus.PROVIDER_ERROR, "sdk": False, "boto3": True}
     building = _imports(["plan", str(tiny_recipe), *sagemaker, "--bucket", BUCKET,

@@ -757,7 +757,7 @@ def test_cuda_oom_on_one_rank_of_a_multi_node_job_cancels_it_and_resubmits(
 
     assert outcome.status == ExitStatus.SUCCESS, (outcome.message, notes)
     first, second = outcome.attempts
-    assert first.outcome == "oom" and first.diagnosis["rank"] == 3
+    assert first.outcome == "oom" and first.diagnosis.diagnosis.rank == 3
     assert second.outcome == "success"
     job1, job2 = fake.jobs.values()
     # Cancelled once, at once: the NCCL timeout never came.
@@ -848,9 +848,10 @@ def test_a_forward_oom_whose_templates_line_the_stop_cut_off_is_still_read_as_ac
     assert outcome.status == ExitStatus.SUCCESS, (outcome.message, notes)
     first, second = outcome.attempts
     assert "oom" not in fake.written  # stopped on the traceback, before the templates' line
-    assert first.outcome == "oom" and first.diagnosis["signature"] != "launch_oom_event"
-    assert first.diagnosis["phase"] == "forward" and first.diagnosis["cause"] == "activations"
-    assert first.diagnosis["rank"] == 3, first.diagnosis
+    assert first.outcome == "oom" and first.diagnosis.diagnosis.signature != "launch_oom_event"
+    assert first.diagnosis.diagnosis.phase == "forward"
+    assert first.diagnosis.diagnosis.cause == "activations"
+    assert first.diagnosis.diagnosis.rank == 3, first.diagnosis
     body2 = fake.calls_to("CreateCustomJob")[1].request.custom_job
     env2 = {e.name: e.value for e in body2.job_spec.worker_pool_specs[0].container_spec.env}
     assert env2["LAUNCH_MICRO_BATCH_SIZE"] == "2" and env2["LAUNCH_GRAD_ACCUM_STEPS"] == "2"
@@ -1006,7 +1007,7 @@ def test_a_16_rank_job_flooding_its_log_is_stopped_within_a_poll_of_its_oom(
 
     assert outcome.status == ExitStatus.OUT_OF_MEMORY, (outcome.message, notes)
     attempt = outcome.last
-    assert attempt.outcome == "oom" and attempt.diagnosis["rank"] == 5, attempt.diagnosis
+    assert attempt.outcome == "oom" and attempt.diagnosis.diagnosis.rank == 5, attempt.diagnosis
     (job,) = fake.jobs.values()
     assert job.state == "JOB_STATE_CANCELLED" and job.cancelled_at is not None
     oom_written = min(fake.written["oom-message"], fake.written["oom"])
@@ -1015,10 +1016,10 @@ def test_a_16_rank_job_flooding_its_log_is_stopped_within_a_poll_of_its_oom(
     # than the trailing log could have shown the OOM (how soon: bench/bench_cloud_stop.py).
     oom_notes = [n for n in notes if n.startswith("out of memory")]
     assert len(oom_notes) == 1 and "cause" not in oom_notes[0], notes
-    assert 0 < latency < attempt.summary["log_behind_s"], (latency, notes)
+    assert 0 < latency < attempt.summary.log_behind_s, (latency, notes)
     record("vertex_16_ranks_5000_lines_per_s", stop_after_oom_s=round(latency, 3),
            event_poll_s=provider.timing.event_poll_s,
-           log_behind_s=attempt.summary["log_behind_s"])
+           log_behind_s=attempt.summary.log_behind_s)
     # Within the quota throughout: the provider paced itself, nothing was refused.
     assert fake.quota_refusals == 0
     reads = [c.at for c in fake.calls_to("ListLogEntries")]
@@ -1036,7 +1037,7 @@ def test_a_16_rank_job_flooding_its_log_is_stopped_within_a_poll_of_its_oom(
     behind = [note for note in notes if "behind the job" in note]
     # (Before or after the OOM's note: a host busy enough to slow the reader puts the log 10 s
     # behind before the event channel's poll sees the OOM; CI did once.)
-    assert behind and attempt.summary["log_behind_s"] >= BEHIND_NOTE_S, notes
+    assert behind and attempt.summary.log_behind_s >= BEHIND_NOTE_S, notes
     assert took < 60, took
 
 
@@ -1141,7 +1142,7 @@ def test_a_follower_over_a_quota_others_use_up_still_shows_every_line_once(
         assert fake.quota_refusals > 0
         (job,) = fake.jobs.values()
         assert Counter(output(lines)) == entry_lines(fake, job.number)
-        assert len(output(lines)) == 41 and outcome.last.summary["steps"] == 1
+        assert len(output(lines)) == 41 and outcome.last.summary.steps == 1
 
 
 def test_the_event_channel_is_a_filtered_query_built_from_the_failure_classifier(
@@ -1330,7 +1331,7 @@ def test_status_logs_and_cancel_commands_on_a_vertex_run(fake, storage_emulator,
     run = Run.create(tmp_path / "state", "train", {
         "script": str(job.code_dir / "train.py"), "provider": "vertex",
         "spec": {"project": PROJECT, "region": REGION, "bucket": bucket}})
-    run.save_attempt(Attempt(number=1, plan=job.plan.to_dict(), job_id=job_id, state="running"))
+    run.save_attempt(Attempt(number=1, plan=job.plan, job_id=job_id, state="running"))
     fake.wait_for(lambda: len(fake.entries) >= 2)
 
     status = cli("status", run.id, "--json", environ=environ)
@@ -1393,9 +1394,9 @@ def test_end_to_end_the_staged_job_runs_on_two_nodes_ooms_and_resumes(
 
     first, second = outcome.attempts
     # Stopped on the allocator's message or on the template's line, whichever came first.
-    assert first.outcome == "oom" and first.diagnosis.get("phase") == "forward", first
-    assert second.outcome == "success" and second.summary["resumed_from_step"] == 2
-    assert second.summary["steps"] == 4
+    assert first.outcome == "oom" and first.diagnosis.diagnosis.phase == "forward", first
+    assert second.outcome == "success" and second.summary.resumed_from_step == 2
+    assert second.summary.steps == 4
     # Real output of both nodes, each rank prefixed by its global rank.
     for node, rank in (("workerpool0-0", 0), ("workerpool1-0", 1)):
         assert any(line.startswith(f"{node}: [rank{rank}]:") and '"launch": "metrics"' in line
@@ -1432,7 +1433,7 @@ def test_status_against_an_endpoint_that_never_answers_ends_within_the_deadline(
     job_id = f"projects/{PROJECT}/locations/{REGION}/customJobs/7"
     run = Run.create(tmp_path / "state", "train", {"provider": "vertex", "spec": {
         "project": PROJECT, "region": REGION}})
-    run.save_attempt(Attempt(number=1, plan={}, job_id=job_id, state="running"))
+    run.save_attempt(Attempt(number=1, plan=make_plan(), job_id=job_id, state="running"))
     with silent_endpoint() as (host, port):
         start = time.monotonic()
         result = cli("status", run.id, environ=_silent_environ(f"{scheme}://{host}:{port}"))
