@@ -9,7 +9,7 @@ results):
    (bench/models_zoo.py): the traced rank-0 peak (``trace_recipe(strategy=...)``, one process,
    a fake process group of 2 ranks, CPU semantics) against a real 2-process gloo run of the
    same steps, each rank's peak read from the CPU allocator's own events (``_measure.measure``
-   via ``python -m launcher.estimate._measure``, torchrun-style). The real peak is given raw
+   via ``python -m launcher.estimate.child._measure``, torchrun-style). The real peak is given raw
    and without gloo's own buffers (docs/estimator.md says why both).
 2. Scaling, fake only: FSDP at 8 and 64 ranks of a 150M-parameter Llama (CUDA semantics,
    bf16_mixed, AdamW with foreach on and off), traced per rank, against the planner's analytic
@@ -178,7 +178,7 @@ def measure_world(
                                                             os.environ.get("PYTHONPATH")])))
         log = tempfile.TemporaryFile("w+")  # noqa: SIM115 - closed below; a pipe could fill
         proc = subprocess.Popen(
-            [python or sys.executable, "-m", "launcher.estimate._measure"],
+            [python or sys.executable, "-m", "launcher.estimate.child._measure"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True, env=env,
             start_new_session=True,
         )

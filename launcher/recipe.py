@@ -355,7 +355,7 @@ class NotALoss(Exception):
 def not_a_loss(value: object) -> str:
     """What to say when ``training_step`` returns ``value`` instead of the loss tensor (the
     template divides it by the accumulation steps and calls ``backward`` on it). Also said by the
-    trace (launcher.estimate._trace_run)."""
+    trace (launcher.estimate.child._trace_run)."""
     what = "None" if value is None else f"a {type(value).__name__}"
     return f"training_step returned {what}: it must return the loss tensor"
 

@@ -36,7 +36,7 @@ PRIVATE_MODULE_IMPORTS: dict[tuple[str, str], str] = {
         "the probe child counts FLOPs with the tracer's depth scaling",
     # The framework child reads a real step's CPU allocator events as the trace child's
     # reference measurement does (one reader of torch's profiler tree).
-    ("launcher.capture.child.measure", "launcher.estimate._measure"):
+    ("launcher.capture.child.measure", "launcher.estimate.child._measure"):
         "the framework child's real step reads the allocator as measure() does",
 }
 
@@ -372,3 +372,23 @@ def test_a_long_module_says_why_it_is_one_unit() -> None:
             long.append(f"{path.relative_to(PACKAGE.parent)}: {lines} lines, and its docstring "
                         f"does not say why (\"Over {MODULE_LINES} lines on purpose: ...\")")
     assert not long, "\n".join(long)
+
+
+def test_the_estimators_api_never_imports_the_trace_child() -> None:
+    """``launcher.estimate`` is two programs: the API the planner calls and the trace child
+    (``estimate/child/``), which runs in a process of its own. The API side starts the child by
+    its module name and reads its answers; it imports none of its modules, at any level (so
+    torch and the user's code never load in the CLI). Outside ``estimate/`` only the framework
+    child's real step reads the allocator as the trace child's reference does."""
+    child = "launcher.estimate.child"
+    found = []
+    for name, path in MODULES.items():
+        if name == child or name.startswith(child + "."):
+            continue
+        for node in _walk(ast.parse(path.read_text(encoding="utf-8")), main_block=True):
+            targets = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                       [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            if any(t == child or t.startswith(child + ".") for t in targets):
+                found.append(name)
+    assert sorted(set(found)) == ["launcher.capture.child.measure"], found
+

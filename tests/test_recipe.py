@@ -83,7 +83,7 @@ def test_a_cuda_plan_is_traced_on_the_cpu_emulating_cuda_even_on_a_gpu_box():
     code = (
         "import json, torch\n"
         "torch.cuda.is_available = lambda: True\n"
-        "from launcher.estimate._trace_run import configure_device\n"
+        "from launcher.estimate.child._trace_run import configure_device\n"
         "request = {'device': 'cuda', 'gpu_generation': 'hopper'}\n"
         "notes = configure_device(request)\n"
         "print(json.dumps({'trace_device': request['trace_device'], 'notes': notes}))\n")

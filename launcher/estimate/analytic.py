@@ -109,7 +109,7 @@ class ModelShape:
     audio_channels: int = 0  # Whisper's mel bins: the convolution front end's input channels
     #: The attention kernel (one of ATTENTION); None: what CUDA's SDPA picks, a fused kernel
     #: on an Ampere or newer GPU for every precision (flash for 16-bit, memory-efficient for
-    #: fp32; launcher/estimate/_sdpa_cuda.py has the rules).
+    #: fp32; launcher/estimate/child/_sdpa_cuda.py has the rules).
     attention: str | None = None
     #: The output layer is the token embedding's matrix (``tie_word_embeddings``): autocast casts
     #: that matrix for the logits' matmul although the lookup never is.

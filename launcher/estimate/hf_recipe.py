@@ -190,7 +190,7 @@ def _as_on_real_tensors():
     SDPA copies GQA's keys and values for every head. The batches here are never packed, so the
     answer is known: no packing, as a run on real tensors finds. (Mixture-of-experts layers'
     grouped_mm, whose meta kernel takes only bf16, is the trace child's to handle, for every
-    recipe: launcher.estimate._trace_run._fake_grouped_mm.)
+    recipe: launcher.estimate.child._trace_run._fake_grouped_mm.)
     """
     from transformers import masking_utils
 

@@ -1,16 +1,15 @@
 """The trace child, from the parent's side: start it, send it a request, read its answer.
 
-``python -m launcher.estimate._trace_child`` serves one JSON request per line (docs/architecture.md,
-"The trace child"). A child started ahead of its first request (``prestart``) hides torch's
-import; it can load a recipe for the CLI (``probe``) and stays warm for the traces that follow
-(``run_child``). Each child has its own process group and dies with its parent. It carries a
-token of its own (``processes.PREFLIGHT_VAR``), as does everything the user's code starts in it,
-and a temporary folder of its own (its ``TMPDIR``): when the child is killed (a timeout, a crash,
-the end of the CLI) so is everything that carries the token or descends from it, and the folder
-is removed. Between requests the child ends what its workers left itself (``_workers``). Its
-pipes are read with a deadline, never to their end: a process the user's code started may hold
-them. No torch here: the CLI imports this module.
-"""
+``python -m launcher.estimate.child._trace_child`` serves one JSON request per line
+(docs/architecture.md, "The trace child"). A child started ahead of its first request (``prestart``)
+hides torch's import; it can load a recipe for the CLI (``probe``) and stays warm for the traces
+that follow (``run_child``). Each child has its own process group and dies with its parent. It
+carries a token of its own (``processes.PREFLIGHT_VAR``), as does everything the user's code starts
+in it, and a temporary folder of its own (its ``TMPDIR``): when the child is killed (a timeout, a
+crash, the end of the CLI) so is everything that carries the token or descends from it, and the
+folder is removed. Between requests the child ends what its workers left itself (``_workers``). Its
+pipes are read with a deadline, never to their end: a process the user's code started may hold them.
+No torch here: the CLI imports this module. """
 
 from __future__ import annotations
 
@@ -164,7 +163,7 @@ def _spawn(python: str, warm: bool = False) -> subprocess.Popen[str]:
     env["TMPDIR"] = folder
     try:
         proc = subprocess.Popen(
-            [python, "-m", "launcher.estimate._trace_child"],
+            [python, "-m", "launcher.estimate.child._trace_child"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             env=env, text=True, start_new_session=True,  # its own group: a timeout kills it all
             preexec_fn=die_with_parent(),  # and a launch killed with -9 takes it along

@@ -86,7 +86,7 @@ def test_a_sharded_llama_plan_drops_the_fp32_stream_and_a_bert_plan_keeps_it():
 #: tensors autograd saves, per layer and sample (2 and 4 layers, batch 1 and 2).
 SAVED = textwrap.dedent('''
     import json, sys, torch, transformers
-    from launcher.estimate import _autocast_cuda
+    from launcher.estimate.child import _autocast_cuda
     _autocast_cuda.install()
     library = torch.library.Library("aten", "IMPL")
     def dropout(x, p, train):

@@ -1,4 +1,4 @@
-"""CUDA's autocast policies on the CPU's autocast key (launcher/estimate/_autocast_cuda.py).
+"""CUDA's autocast policies on the CPU's autocast key (launcher/estimate/child/_autocast_cuda.py).
 
 The registrations are process-wide, so the policy checks run in a child interpreter; the trace
 check goes through the estimator's own child, as in production.
@@ -16,7 +16,7 @@ from launcher.estimate.traced import trace_recipe
 
 CHECK = textwrap.dedent('''
     import json, torch, torch.nn.functional as F
-    from launcher.estimate import _autocast_cuda
+    from launcher.estimate.child import _autocast_cuda
     registered = _autocast_cuda.install()
     x = torch.randn(4, 8, dtype=torch.bfloat16, requires_grad=True)
     m = torch.randn(3, 8)
@@ -99,7 +99,7 @@ def test_a_gpu_bf16_trace_keeps_the_fp32_copies_cuda_makes(tmp_path: Path) -> No
 CACHE_CHECK = textwrap.dedent('''
     import json, torch
     from torch.utils._python_dispatch import TorchDispatchMode
-    from launcher.estimate import _autocast_cuda
+    from launcher.estimate.child import _autocast_cuda
     _autocast_cuda.install()
     w = torch.nn.Parameter(torch.randn(8, 8))
     bf16 = torch.nn.Parameter(torch.randn(8, 8, dtype=torch.bfloat16))

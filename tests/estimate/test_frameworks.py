@@ -185,7 +185,7 @@ def test_the_cpu_probe_counts_the_unreduced_loss_of_mse_loss() -> None:
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from launcher.estimate._tracker import ScratchProbe
+    from launcher.estimate.child._tracker import ScratchProbe
 
     probe = ScratchProbe(torch.device("cpu"))
     assert "mse_loss" in probe.ops

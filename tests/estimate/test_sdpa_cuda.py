@@ -1,5 +1,5 @@
 """CUDA's attention kernels and dropout for a GPU estimate traced on a CPU
-(launcher/estimate/_sdpa_cuda.py).
+(launcher/estimate/child/_sdpa_cuda.py).
 
 The kernel registrations are process-wide, so what runs under them runs in a child
 interpreter; the selection rules are plain functions and are checked here. Every expected byte
@@ -22,7 +22,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _recipes import GPT  # noqa: E402
 
-from launcher.estimate import _sdpa_cuda as sdpa  # noqa: E402
+from launcher.estimate.child import _sdpa_cuda as sdpa  # noqa: E402
 from launcher.estimate.traced import trace_recipe, trace_recipe_configs  # noqa: E402
 
 
@@ -65,7 +65,7 @@ def test_generations_map_to_capabilities() -> None:
     assert sdpa.capability_of("hopper") == (9, 0) and sdpa.capability_of("volta") == (7, 0)
     assert sdpa.capability_of(None) == sdpa.DEFAULT_CAPABILITY
     # every generation of the catalog is known
-    gpus = json.loads((Path(sdpa.__file__).parents[1] / "plan/catalogs/gpus.json").read_text())
+    gpus = json.loads((Path(sdpa.__file__).parents[2] / "plan/catalogs/gpus.json").read_text())
     assert {g["generation"] for g in gpus["gpus"].values()} <= set(sdpa.CAPABILITY)
 
 
@@ -75,7 +75,7 @@ ONE_CALL = textwrap.dedent('''
     import json, sys, torch, torch.nn.functional as F
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch._subclasses.fake_tensor import FakeTensorMode
-    from launcher.estimate import _sdpa_cuda as S
+    from launcher.estimate.child import _sdpa_cuda as S
     case = json.loads(sys.argv[1])
     S.install(tuple(case["cap"]))
 

@@ -103,7 +103,7 @@ def test_workers_are_spawned_once_a_thread_pool_exists(tmp_path: Path) -> None:
     """If the child itself ever started a pool, forking is off and fresh interpreters answer."""
     script = textwrap.dedent(f'''
         import json, sys, torch
-        from launcher.estimate import _workers, _trace_child
+        from launcher.estimate.child import _workers, _trace_child
         _workers.prepare()
         safe_before = _workers.fork_safe()
         torch.set_num_threads(2)
@@ -252,7 +252,7 @@ def test_a_captured_recipe_preimports_what_the_users_script_and_model_need(tmp_p
     code = textwrap.dedent(f"""
         import sys
         sys.path.insert(0, {str(tmp_path)!r})
-        from launcher.estimate import _workers
+        from launcher.estimate.child import _workers
         import torch
         _workers.prepare()
         done = _workers.preimport({str(folder / "recipe.py")!r})

@@ -27,7 +27,7 @@ def profiled_peak(prof: Any, model: Any) -> tuple[int, int]:
     """A finished CPU profile's peak: the model's weights and buffers (allocated before it
     started) and the most its allocation events held above them. ``model`` may be a list of
     modules (a step of several: an encoder and a decoder), each weight counted once."""
-    from launcher.estimate._measure import cpu_allocation_events
+    from launcher.estimate.child._measure import cpu_allocation_events
 
     live = peak = 0
     for event in cpu_allocation_events(prof):

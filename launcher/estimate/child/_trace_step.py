@@ -23,8 +23,8 @@ from typing import Any
 import torch
 
 from launcher import strategies
-from launcher.estimate import _script
 from launcher.estimate._blocks import truncate_blocks
+from launcher.estimate.child import _script
 from launcher.plan.plan import checkpointing_mode
 
 
@@ -91,7 +91,7 @@ def build(request: dict[str, Any], recipe: ModuleType, device: torch.device, fak
     script, digest = _script.load(strategy_name(request))
     world, rank = 1, 0
     if strategy:
-        from launcher.estimate import _trace_dist
+        from launcher.estimate.child import _trace_dist
 
         _trace_dist.setup_world(strategy["world_size"])
         world, rank = _trace_dist.world()
@@ -248,7 +248,7 @@ def first_optimizer_step(
     (state is allocated while gradients are alive), and for that only the gradients matter.
     The clipping, update and ``zero_grad`` are the script's (``optimizer_step``'s tail).
     """
-    from launcher.estimate import _trace_dist  # cheap: imports no torch.distributed
+    from launcher.estimate.child import _trace_dist  # cheap: imports no torch.distributed
 
     model, optimizer = step.model, step.optimizer
     if not _trace_dist.put_zero_grads(model, on_grad):  # DDP: views into its buckets

@@ -6,12 +6,12 @@ the functions, because a plain single-device trace must not pay for DTensor's im
 
 ``setup_world(N)`` joins a *fake* process group of ``N`` ranks as rank 0
 (``torch.testing._internal.distributed.fake_pg``: every collective returns at once and moves no
-data). The rendered script's own ``wrap_model`` then wraps the model (``launcher.estimate._script``:
-DDP, FSDP2, hybrid sharding exactly as a job does), with two pieces of transport from here:
-``data_parallel`` (DDP's constructor in a fake world) and ``init_device_mesh`` (the mesh built
-outside the trace's modes). So the tracker sees the memory of rank 0 of that world: DDP's
-gradient buckets, FSDP's shards, all-gathered blocks and reduce-scatter buffers, each at its
-real size for that world size.
+data). The rendered script's own ``wrap_model`` then wraps the model
+(``launcher.estimate.child._script``: DDP, FSDP2, hybrid sharding exactly as a job does), with two
+pieces of transport from here: ``data_parallel`` (DDP's constructor in a fake world) and
+``init_device_mesh`` (the mesh built outside the trace's modes). So the tracker sees the memory of
+rank 0 of that world: DDP's gradient buckets, FSDP's shards, all-gathered blocks and reduce-scatter
+buffers, each at its real size for that world size.
 
 Rank 0 is traced. DDP ranks are identical. FSDP2 pads every parameter's shard to the same size
 on every rank (``ceil(dim0 / shards)`` rows), so parameters, gradients and the all-gather and

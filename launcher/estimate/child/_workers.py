@@ -224,13 +224,13 @@ def _forked(requests: list[dict[str, Any]], serve: Callable[[dict[str, Any]], di
 
 
 def _spawned(requests: list[dict[str, Any]], files: list[Path]) -> list[dict[str, Any]]:
-    """Workers as fresh interpreters (``python -m launcher.estimate._trace_child --worker
+    """Workers as fresh interpreters (``python -m launcher.estimate.child._trace_child --worker
     ANSWER``), in this process's group: the parent's timeout kills them with it. What they
     print goes to this process's stderr."""
     procs = []
     for request, answer_file in zip(requests, files, strict=True):
         proc = subprocess.Popen(  # it arms its own parent-death signal (see main)
-            [sys.executable, "-m", "launcher.estimate._trace_child", "--worker",
+            [sys.executable, "-m", "launcher.estimate.child._trace_child", "--worker",
              str(answer_file)],
             stdin=subprocess.PIPE, stdout=sys.stderr.fileno(), text=True,
             env={**os.environ, PARENT_VAR: str(os.getpid())})

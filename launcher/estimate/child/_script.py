@@ -71,7 +71,7 @@ def _runtime() -> str:
 
 def _patch_transport(script: types.ModuleType) -> None:
     """Let the script's own wrapping run in a fake world (see the module's docstring)."""
-    from launcher.estimate import _trace_dist
+    from launcher.estimate.child import _trace_dist
 
     if hasattr(script, "DistributedDataParallel"):
         script.DistributedDataParallel = _trace_dist.data_parallel
@@ -132,7 +132,7 @@ class StopStep(Exception):
 def bitsandbytes_stand_in() -> types.ModuleType:
     """A ``bitsandbytes`` module whose ``optim.AdamW8bit`` is the trace's stand-in (same state,
     no kernels), for the script's ``build_optimizer`` to import."""
-    from launcher.estimate._adam8bit import Adam8bitStandIn
+    from launcher.estimate.child._adam8bit import Adam8bitStandIn
 
     module = types.ModuleType("bitsandbytes")
     module.optim = types.SimpleNamespace(AdamW8bit=Adam8bitStandIn)  # type: ignore[attr-defined]

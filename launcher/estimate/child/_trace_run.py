@@ -23,9 +23,9 @@ from typing import Any
 import torch
 
 from launcher import strategies
-from launcher.estimate import _script
 from launcher.estimate._blocks import SCALED_DEPTHS, SHARDED_DEPTHS
-from launcher.estimate._trace_step import (
+from launcher.estimate.child import _script
+from launcher.estimate.child._trace_step import (
     RecipeError,
     build,
     describe_error,
@@ -34,7 +34,7 @@ from launcher.estimate._trace_step import (
     shaped_batches,
     strategy_name,
 )
-from launcher.estimate._tracker import (
+from launcher.estimate.child._tracker import (
     ScratchProbe,
     TimelineTracker,
     UpperBoundShapes,
@@ -384,7 +384,7 @@ def configure_device(request: dict[str, Any]) -> list[str]:
 
     devices = optim_module._get_foreach_kernels_supported_devices()
     optim_module._get_foreach_kernels_supported_devices = lambda: [*devices, "cpu"]
-    from launcher.estimate import _autocast_cuda, _sdpa_cuda
+    from launcher.estimate.child import _autocast_cuda, _sdpa_cuda
 
     _autocast_cuda.install()  # CUDA's autocast op lists, on the CPU's autocast key
     # CUDA's attention kernels (flash / memory-efficient / math, chosen by PyTorch's own rules

@@ -3,7 +3,7 @@
 ``measure`` runs the same step as a trace (``_trace_step``) on real CPU tensors under
 ``torch.profiler``'s memory events and returns its peak (bench/bench_estimate_cpu.py and the
 tests compare it with the estimate); ``rank_main`` is one rank of a real gloo world doing the
-same (``python -m launcher.estimate._measure``, bench/bench_estimate_dist.py).
+same (``python -m launcher.estimate.child._measure``, bench/bench_estimate_dist.py).
 ``allocator_peak`` measures one call the same way, for the tracker's probes (``_tracker``).
 """
 
@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from launcher.estimate._trace_step import build, describe_error, load_recipe
+from launcher.estimate.child._trace_step import build, describe_error, load_recipe
 
 
 def allocator_peak(device: torch.device, fn: Callable[[], Any]) -> tuple[int, int, Any]:
@@ -97,7 +97,7 @@ def measure(request: dict[str, Any]) -> dict[str, Any]:
         running_peak = max(running_peak, live)
     extra: dict[str, Any] = {}
     if request.get("strategy"):  # a rank of a real gloo world: also without gloo's own buffers
-        from launcher.estimate import _trace_dist
+        from launcher.estimate.child import _trace_dist
 
         extra["without_backend"] = _trace_dist.peak_without_backend(prof)
     return {
@@ -123,7 +123,7 @@ def rank_main() -> None:
     """
     import torch.distributed as dist
 
-    from launcher.estimate._trace_dist import exact_cpu_accounting
+    from launcher.estimate.child._trace_dist import exact_cpu_accounting
 
     protocol = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)

@@ -1,9 +1,9 @@
 """The child process of the traced estimator: runs the user's recipe on fake tensors.
 
-``launcher.estimate.trace_process`` starts ``python -m launcher.estimate._trace_child``, writes JSON
-requests to its stdin and reads JSON answers from its stdout. Everything that imports torch or
-the user's code lives in this process and its workers, so the parent stays light and a crash, a
-hang or an import-time side effect of the user's script cannot take the CLI down with it.
+``launcher.estimate.trace_process`` starts ``python -m launcher.estimate.child._trace_child``,
+writes JSON requests to its stdin and reads JSON answers from its stdout. Everything that imports
+torch or the user's code lives in this process and its workers, so the parent stays light and a
+crash, a hang or an import-time side effect of the user's script cannot take the CLI down with it.
 
 This module is the entry point: ``main`` serves the line protocol, or, with ``--worker``, is one
 worker spawned as a fresh interpreter; ``_work`` is what a worker does with a request. The jobs
@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from launcher.estimate import _measure, _trace_protocol, _trace_run, _workers
+from launcher.estimate.child import _measure, _trace_protocol, _trace_run, _workers
 
 
 def _work(request: dict[str, Any]) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from launcher.estimate import _workers
+from launcher.estimate.child import _workers
 
 #: What a worker does with one request: its answer.
 Work = Callable[[dict[str, Any]], dict[str, Any]]

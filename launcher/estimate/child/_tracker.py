@@ -29,7 +29,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper
 from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
 
-from launcher.estimate._measure import allocator_peak
+from launcher.estimate.child._measure import allocator_peak
 from launcher.estimate.trace_result import MICRO_PHASES
 
 #: The caching allocator of CUDA rounds every block up to 512 bytes (c10/cuda/CUDACachingAllocator).
