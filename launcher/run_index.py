@@ -241,9 +241,9 @@ def summarize(path: Path) -> RunSummary:
     attempts = run.attempts()
     last = attempts[-1] if attempts else None
     costs = [a.cost_usd for a in attempts if a.cost_usd is not None]
-    created = info.get("created_at")
+    created = info.created_at
     return RunSummary(
-        run_id=run.id, path=path, script=info.get("script"), provider=info.get("provider"),
+        run_id=run.id, path=path, script=info.script, provider=info.provider,
         created_at=float(created) if isinstance(created, (int, float)) and math.isfinite(
             created) else created_time(path),
         state=None if last is None else str(last.state),

@@ -452,10 +452,9 @@ class Runner:
 
         run = Run.open(self.env.state_dir, run_id, lambda rid: indexed_run(self.home, rid))
         info = run.info
-        recorded = info.get("settings") if isinstance(info.get("settings"), dict) else {}
-        settings = {**recorded, **info.get("spec", {}), "python": self.env.python,
+        settings = {**info.settings, **info.spec, "python": self.env.python,
                     "state_dir": run.path.parent.parent}  # the run's own: maybe another folder's
-        provider = get_provider(info["provider"], settings, self.env.environ)
+        provider = get_provider(info.provider, settings, self.env.environ)
         return run, provider, adopt_unrecorded(run, provider)
 
     def status(self, run_id: str | None = None) -> RunStatus:
@@ -470,7 +469,7 @@ class Runner:
             if attempt.job_id and attempt.state not in TERMINAL_STATES:
                 live = provider.poll(attempt.job_id).state
             rows.append(AttemptStatus(attempt, live))
-        return RunStatus(run.id, run.info.get("script"), run.info.get("provider"), rows)
+        return RunStatus(run.id, run.info.script, run.info.provider, rows)
 
     def runs(self, here: bool = False) -> RunList:
         """Every run (``here``: this folder's), newest first, as recorded: no provider asked."""

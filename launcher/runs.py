@@ -209,6 +209,21 @@ def _check_types(record: Any, types: dict[str, tuple[type, ...]]) -> None:
         _check_type(name, getattr(record, name), kinds)
 
 
+@dataclass(frozen=True)
+class RunInfo:
+    """What a run was asked (``run.json``, never credentials): the script, the provider, the
+    spec as recorded (``Spec.to_dict``), the provider settings that are no option, and the plan
+    the preflight chose. Absent fields are those of runs recorded before they existed."""
+
+    provider: str
+    id: str = ""
+    created_at: float | None = None
+    script: str | None = None
+    spec: dict[str, Any] = field(default_factory=dict)
+    settings: dict[str, Any] = field(default_factory=dict)
+    plan: dict[str, Any] = field(default_factory=dict)
+
+
 #: The type of each field of ``run.json`` that launch reads back (absent ones are allowed: runs
 #: recorded before the field existed).
 _RUN_TYPES: dict[str, tuple[type, ...]] = {
@@ -311,7 +326,8 @@ class Run:
         return cls(matches[0])
 
     @property
-    def info(self) -> dict[str, Any]:
+    def info(self) -> RunInfo:
+        """``run.json``, read and checked (written once, by ``create``)."""
         info = read_state(self.path / "run.json", dict)
         if info is None:
             raise corrupt(self.path / "run.json", "missing")
@@ -320,7 +336,8 @@ class Run:
         for name, kinds in _RUN_TYPES.items():
             if name in info and (isinstance(info[name], bool) or not isinstance(info[name], kinds)):
                 raise corrupt(self.path / "run.json", f"{name} is {type(info[name]).__name__}")
-        return info
+        names = {f.name for f in fields(RunInfo)}
+        return RunInfo(**{k: v for k, v in info.items() if k in names})
 
     @property
     def checkpoint_dir(self) -> Path:

@@ -159,7 +159,7 @@ def build_job(spec: Spec, plan: Plan, run_id: str, number: int, run_path: Path) 
         run_id=run_id, attempt=number, plan=plan, rendered=rendered,
         job_dir=attempt_dir / "job", attempt_dir=attempt_dir,
         checkpoint_dir=run_path / "checkpoints", code_dir=spec.script.resolve().parent,
-        memory_limit=spec.memory_limit, settings=spec.to_dict(),
+        memory_limit=spec.memory_limit,
     )
 
 
@@ -286,8 +286,7 @@ class Supervisor:
         progress = Progress()
         # A run under --memory-limit: an allocator's failure there is the cap's (oneDNN's
         # "could not create a primitive" is then certainly memory, not probably).
-        spec = self.run.info.get("spec") or {}
-        capped = isinstance(spec, dict) and spec.get("memory_limit") is not None
+        capped = self.run.info.spec.get("memory_limit") is not None
         watcher = LogWatcher(platform=self.provider.name, capped=capped)
         early = LogWatcher(platform=self.provider.name, capped=capped)  # the event channel's
         cursor: Any = None
@@ -390,7 +389,7 @@ class Supervisor:
             attempt.outcome = Outcome.CANCELLED
         else:
             attempt.outcome = Outcome.FAILED
-        spec = self.run.info.get("spec") or {}
+        spec = self.run.info.spec
         plain = spec.get("mode") == "script" and not spec.get("framework")
         attempt.summary = replace(attempt.summary,
                                   **progress.summary(PLAIN_UNREPORTED if plain else UNREPORTED),
@@ -405,7 +404,7 @@ class Supervisor:
         """Feed what a GPU run measured back into later estimates (never fatal)."""
         from launcher.estimate.calibration import from_attempt, model_key
 
-        script = Path(self.run.info.get("script", ""))
+        script = Path(self.run.info.script or "")
         try:
             # calibration sits below the run records: it takes their JSON form
             from_attempt(self.run.path.parent.parent, attempt.plan.machine, model_key(script),

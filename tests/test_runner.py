@@ -83,7 +83,7 @@ def test_run_then_status_logs_attach_and_cancel(env, tiny_recipe):
     result = runner.run(planned, on_line=lines.append, on_note=notes.append)
     assert isinstance(result, RunResult)
     # Every setting is recorded, wherever it came from, for status/cancel/attach (issue 30).
-    assert result.run.info["settings"] == {"s3_prefix": "team/x", "steps": 2}
+    assert result.run.info.settings == {"s3_prefix": "team/x", "steps": 2}
     assert result.status == ExitStatus.SUCCESS and result.message == ""
     assert result.run_id.startswith(run_stem(tiny_recipe) + "-")
     assert [a.outcome for a in result.attempts] == ["success"]

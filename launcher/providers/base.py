@@ -10,7 +10,7 @@ from __future__ import annotations
 import abc
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
@@ -40,7 +40,6 @@ class Job:
     checkpoint_dir: Path   # shared by the run's attempts, so a resubmission resumes
     code_dir: Path         # the user's script folder
     memory_limit: int | None = None
-    settings: dict[str, Any] = field(default_factory=dict)  # region, bucket, role ...
 
 
 class Request(Protocol):
