@@ -230,11 +230,19 @@ def test_a_plain_failure_is_not_retried(cli, write_script):
     assert len(result.json()["attempts"]) == 1
 
 
+def _interruptible() -> None:
+    """Ctrl-C as at a terminal, whatever the test runner was started with: a shell starts a
+    background job (`make test &`, a CI runner's `nohup`) with SIGINT ignored, its children
+    inherit that, and Python then installs no KeyboardInterrupt handler, so the SIGINT these
+    tests send would be ignored, as a background `launch` rightly ignores it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _launch_subprocess(script: Path, state: Path, *args: str) -> subprocess.Popen:
     env = {**os.environ, "LAUNCH_STATE_DIR": str(state), "LAUNCH_NO_TRACE": "1"}
     return subprocess.Popen([sys.executable, "-m", "launcher.cli", str(script), *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            cwd=str(script.parent))
+                            cwd=str(script.parent), preexec_fn=_interruptible)
 
 
 def _wait_for_run(state: Path, timeout: float = 120) -> Path:
@@ -279,7 +287,7 @@ def test_attach_agrees_with_cancel_and_status_and_ctrl_c_on_attach_says_how_to_r
     def attach() -> subprocess.Popen:
         return subprocess.Popen([sys.executable, "-m", "launcher.cli", "attach", run_dir.name],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                env=env, cwd=str(script.parent))
+                                env=env, cwd=str(script.parent), preexec_fn=_interruptible)
 
     first = attach()
     time.sleep(3)  # following
