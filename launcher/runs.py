@@ -101,11 +101,9 @@ class Diagnosed:
 
     @property
     def failure(self) -> Failure:
-        """The failure as the replanner reads it, field by field."""
-        d = self.diagnosis
-        return Failure(phase=d.phase, cause=d.cause, requested_bytes=d.requested_bytes,
-                       reserved_bytes=d.reserved_bytes, allocated_bytes=d.allocated_bytes,
-                       capacity_bytes=d.capacity_bytes, batch_shapes=self.event.get("batch_shapes"))
+        """The failure as the replanner reads it: ``Failure.of`` the record, its one reading
+        (a field added to ``Failure`` is read here too)."""
+        return Failure.of(self.to_dict())
 
     def to_dict(self) -> dict[str, Any]:
         return {**self.diagnosis.to_dict(), **self.event}
