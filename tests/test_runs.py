@@ -111,6 +111,14 @@ _PLAN = a_plan().to_dict()
     {"outcome": "detached"},
     {"plan": {}},  # no plan launch would record
     {"plan": {"strategy": "ddp"}},
+    # a plan whose fields are not what launch writes: each is refused where it is read
+    {"plan": {**_PLAN, "nodes": "two"}},
+    {"plan": {**_PLAN, "gpus_per_node": 0}},
+    {"plan": {**_PLAN, "precision": "fp9"}},
+    {"plan": {**_PLAN, "strategy": "zero9"}},
+    {"plan": {**_PLAN, "lr": True}},
+    {"plan": {**_PLAN, "memory": {**_PLAN["memory"], "total": "big"}}},
+    {"plan": {**_PLAN, "memory": [1, 2]}},
     {"summary": {"steps": "many"}},
     {"diagnosis": {"failure": "gpu_oom"}},
     {"diagnosis": {"failure": 7, "cause": None}},

@@ -8,6 +8,7 @@ file. Field names follow the JSON contract in the design brief, so ``to_dict()``
 from __future__ import annotations
 
 import dataclasses
+import types
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -24,6 +25,51 @@ Checkpointing = Literal["none", "selective", "full"]
 PRECISIONS: tuple[str, ...] = ("fp32", "bf16_mixed", "bf16")
 OPTIMIZERS: tuple[str, ...] = ("adamw", "sgd", "adafactor", "adam8bit")
 CHECKPOINTING: tuple[str, ...] = ("none", "selective", "full")
+
+
+_KIND_WORDS: dict[Any, str] = {type(None): "null", bool: "true or false", int: "a whole number",
+                               float: "a finite number", str: "text"}
+
+
+def _typed(cls: type, data: dict[str, Any], prefix: str) -> dict[str, Any]:
+    """``data``'s values for ``cls``'s fields (others dropped), each checked against the field's
+    type as JSON gives it: an int is no bool, a float may be an int but is finite, a ``Literal``
+    is one of its words, ``X | None`` may be null. ``TypeError`` names the first that is not."""
+    import math
+    import typing
+
+    hints = typing.get_type_hints(cls)
+    values = {}
+    for f in dataclasses.fields(cls):
+        if f.name not in data:
+            continue
+        value = data[f.name]
+        allowed = typing.get_args(hints[f.name]) if typing.get_origin(hints[f.name]) in (
+            typing.Union, types.UnionType) else (hints[f.name],)
+        ok = False
+        for kind in allowed:
+            if kind is type(None):
+                ok = value is None
+            elif typing.get_origin(kind) is Literal:
+                ok = isinstance(value, str) and value in typing.get_args(kind)
+            elif kind is bool:
+                ok = isinstance(value, bool)
+            elif kind is int:
+                ok = isinstance(value, int) and not isinstance(value, bool)
+            elif kind is float:
+                ok = (isinstance(value, (int, float)) and not isinstance(value, bool)
+                      and math.isfinite(value))
+            elif kind is str:
+                ok = isinstance(value, str)
+            if ok:
+                break
+        if not ok:
+            shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+            words = " or ".join(_KIND_WORDS.get(kind) or "one of " + ", ".join(
+                typing.get_args(kind)) for kind in allowed)
+            raise TypeError(f"{prefix}{f.name} is {shown}, not {words}")
+        values[f.name] = value
+    return values
 
 
 def checkpointing_mode(value: bool | str | None) -> str:
@@ -91,9 +137,8 @@ class Memory:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Memory:
         """From ``to_dict`` (derived and unknown keys ignored: a state file of another
-        version)."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
+        version); a field of the wrong type is a ``TypeError`` naming it."""
+        return cls(**_typed(cls, data, "memory."))
 
     @property
     def model_states(self) -> int | None:
@@ -179,10 +224,22 @@ class Plan:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Plan:
-        names = {f.name for f in dataclasses.fields(cls)}
-        values = {k: v for k, v in data.items() if k in names}
-        values["memory"] = Memory.from_dict(data.get("memory") or {})
-        return cls(**values)
+        """From ``to_dict`` (unknown keys ignored: a state file of another version). Each field
+        is checked against its type (``"nodes": "two"``, ``"precision": "fp9"``, a count below
+        one, a strategy this version does not have: a ``TypeError`` naming it), so a record
+        launch did not write is refused where it is read, not acted on."""
+        memory = data.get("memory") or {}
+        if not isinstance(memory, dict):
+            raise TypeError("memory is not a table")
+        values = _typed(cls, {k: v for k, v in data.items() if k != "memory"}, "")
+        if values.get("strategy") not in strategies.STRATEGIES:
+            raise TypeError(f"strategy {values.get('strategy')!r} is not one of "
+                            f"{', '.join(strategies.STRATEGIES)}")
+        for name in ("nodes", "gpus_per_node", "micro_batch_size", "grad_accum_steps",
+                     "global_batch_size", "tensor_parallel_degree"):
+            if name in values and values[name] < 1:
+                raise TypeError(f"{name} is {values[name]}, not a count")
+        return cls(**values, memory=Memory.from_dict(memory))
 
     def replace(self, **changes: Any) -> Plan:
         """A copy with ``changes``; changing only one of ``activation_checkpointing`` and
