@@ -41,6 +41,7 @@ from launcher.options import (
     Option,
     either,
 )
+from launcher.providers import LOCAL
 from launcher.runner import Interrupted, RunInterrupted, Runner, RunResult, interrupt_status
 from launcher.status import ExitStatus, LaunchError, UsageError
 
@@ -273,7 +274,7 @@ def _unchecked(env: Environment, planned: Any, strict: bool | None) -> str | Non
     if strict is None:
         strict = env.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
     spec, result = planned.spec, planned.result
-    if (not strict or spec.provider == "local" or planned.request is not None
+    if (not strict or spec.provider == LOCAL or planned.request is not None
             or result.status != ExitStatus.SUCCESS):
         return None
     prefix = f"no {spec.provider} request: "
@@ -366,7 +367,7 @@ def _confirm_spending(env: Environment, planned: Any, yes: bool) -> None:
     from launcher.units import format_bytes
 
     spec, result, chosen = planned.spec, planned.result, planned.result.chosen
-    if yes or spec.provider == "local" or chosen is None or result.status != ExitStatus.SUCCESS:
+    if yes or spec.provider == LOCAL or chosen is None or result.status != ExitStatus.SUCCESS:
         return
     provider = planned.provider
     try:
@@ -477,10 +478,10 @@ def _finish(env: Environment, out: Any, result: RunResult, as_json: bool) -> Non
 
 @cli.command("explain")
 @click.argument("log")
-@click.option("--provider", type=click.Choice([*CLOUDS, "local"]),
+@click.option("--provider", type=click.Choice([*CLOUDS, LOCAL]),
               help="Where the log comes from (a bare SIGKILL means host OOM on the clouds); "
                    "not read from LAUNCH_PROVIDER: a log may come from anywhere.")
-@click.option("--platform", type=click.Choice([*CLOUDS, "local"]), hidden=True,
+@click.option("--platform", type=click.Choice([*CLOUDS, LOCAL]), hidden=True,
               help="Deprecated: --provider.")
 @common
 def explain_command(log: str, provider: str | None, platform: str | None, as_json: bool,
@@ -538,7 +539,7 @@ def machines_command(provider: str | None, gpu: str | None, as_json: bool, debug
     env = _env()
     from_env = click.get_current_context().get_parameter_source("provider")
     providers = ((provider,) if provider is not None and not (
-        provider == "local" and from_env == ParameterSource.ENVIRONMENT) else CLOUDS)
+        provider == LOCAL and from_env == ParameterSource.ENVIRONMENT) else CLOUDS)
     names = _gpu_family(gpu) if gpu else None
     listed = {p: [m for m in Runner(env).machines(p, None if names else gpu)
                   if names is None or m.gpu in names] for p in providers}

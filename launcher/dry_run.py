@@ -17,6 +17,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from launcher.providers import LOCAL
 from launcher.status import BadValue, LaunchError, UsageError
 
 if TYPE_CHECKING:
@@ -45,7 +46,7 @@ def dry_request(spec: Spec, result: PlanResult, provider: Provider | None, state
     (a missing role or bucket): then a note says why, and the plan still stands. A bad value
     (a region the SDK publishes no image in) is the user's to fix: raised.
     """
-    if spec.provider == "local" or result.chosen is None:
+    if spec.provider == LOCAL or result.chosen is None:
         return None
     if no_script:
         result.notes.append(f"no {spec.provider} request: no script to render (give the "

@@ -4,85 +4,60 @@
 (``launch.toml``, ``[tool.launch]``) against ``config_keys()``: every one of these options, named
 as its flag (``global_batch_size``, ``report``), and every setting of a provider's settings
 class (SageMaker's ``s3_prefix``, ``job_prefix`` ...). One table, read by both, so neither
-imports the other. Nothing here imports click or a provider package at import time (`launch
---help` reads it): the providers are named from the registry (``launcher.providers.names``).
+imports the other. A cloud's own flags are not written here: each provider's settings class
+declares them (``flags.flag()``), and they are gathered from the registry. Nothing here imports
+click or a provider's class (`launch --help` reads it): only the providers' settings classes.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import typing
-from dataclasses import dataclass
-from typing import Any, Literal
 
+from launcher.flags import ConfigKey, Kind, Option, either, settings_flags, settings_kinds
+from launcher.providers import LOCAL, clouds, settings_class
 from launcher.providers import names as provider_names
 from launcher.strategies import NAMES as strategy_names
 
-#: What an option's or config key's value must be: ``count`` and ``size`` are numbers or text
-#: like ``7B`` and ``2GiB``; ``path`` is text; ``args`` a list of strings (``script_args``).
-Kind = Literal["int", "float", "bool", "str", "path", "count", "size", "args"]
-
-
-@dataclass(frozen=True)
-class ConfigKey:
-    """A key a config file may hold: ``name`` as written (``-`` or ``_``), what its value must be,
-    and the command-line option it is the default of (``None``: a provider setting only, like
-    SageMaker's ``s3_prefix``, which reaches the provider as it is)."""
-
-    name: str
-    kind: Kind
-    param: str | None = None
-
-
-@dataclass(frozen=True)
-class Option:
-    """One command-line option: its flag (``--spot/--no-spot`` for an on/off pair, which is
-    unset unless given), the parameter it is passed as when that is not the flag's name
-    (``--report``: ``report_path``), the kind of its value, and what ``--help`` says of it."""
-
-    flag: str
-    help: str
-    kind: Kind = "str"
-    param_name: str | None = None
-    envvar: str | None = None
-    default: str | None = None
-    show_default: bool = False
-    required: bool = False
-
-    @property
-    def key(self) -> str:
-        """Its name in a config file (and click's parameter name, unless ``param_name``)."""
-        return self.flag.split("/")[0].removeprefix("--").replace("-", "_")
-
-    @property
-    def param(self) -> str:
-        return self.param_name or self.key
-
-
-def either(words: tuple[str, ...]) -> str:
-    """``a, b or c``."""
-    return " or ".join(filter(None, (", ".join(words[:-1]), words[-1])))
-
-
 #: The providers a job can run on other than this machine (registry order).
-CLOUDS = tuple(name for name in provider_names() if name != "local")
+CLOUDS = clouds()
+
+
+def _cloud_options() -> tuple[Option, ...]:
+    """Where a cloud job runs and as whom: the settings every cloud takes (``--region``,
+    ``--bucket``), then each provider's own, as its settings class declares them
+    (``flags.flag()``: Vertex's ``--project``, SageMaker's ``--role``). A flag two providers
+    declare is one option (the first one's help)."""
+    found: dict[str, Option] = {o.flag: o for o in (
+        Option("--region", "Cloud region.", envvar="LAUNCH_REGION"),
+        Option("--bucket", "Bucket for code and checkpoints.", envvar="LAUNCH_BUCKET"),
+    )}
+    for name in CLOUDS:
+        settings = settings_class(name)
+        if settings is not None:
+            for option in settings_flags(settings, _title(name)):
+                found.setdefault(option.flag, option)
+    return tuple(found.values())
+
+
+def _title(name: str) -> str:
+    """A provider's name in ``--help``: its catalog's ``display_name``, else its name."""
+    import json
+
+    from launcher.providers import catalog_text
+
+    text = catalog_text(name)
+    return str(json.loads(text).get("display_name") or name) if text else name
+
 
 #: Where a cloud job runs and as whom: `launch plan`, `launch run` and `launch doctor` take the
-#: same flags, declared once here.
-CLOUD_OPTIONS: tuple[Option, ...] = (
-    Option("--region", "Cloud region.", envvar="LAUNCH_REGION"),
-    Option("--bucket", "Bucket for code and checkpoints.", envvar="LAUNCH_BUCKET"),
-    Option("--project", "Google Cloud project (Vertex).", envvar="LAUNCH_PROJECT"),
-    Option("--service-account", "Service account the jobs run as (Vertex).",
-           envvar="LAUNCH_SERVICE_ACCOUNT"),
-    Option("--role", "Execution role ARN (SageMaker).", envvar="LAUNCH_ROLE"),
-)
+#: same flags, gathered once here from the providers' settings.
+CLOUD_OPTIONS: tuple[Option, ...] = _cloud_options()
 
 #: The options of `launch plan` and `launch run`, in ``--help``'s order (after the SCRIPT).
 PLAN_OPTIONS: tuple[Option, ...] = (
     Option("--provider", f"Where to run: {either(provider_names())}.", envvar="LAUNCH_PROVIDER",
-           default="local", show_default=True),
+           default=LOCAL, show_default=True),
     Option("--strategy", f"Pin the strategy: {', '.join(strategy_names)}."),
     Option("--machine", "Pin the machine type (cloud providers)."),
     Option("--nodes", "Pin the number of nodes.", "int"),
@@ -169,36 +144,14 @@ CONFIG_COMMANDS: dict[str, tuple[Option, ...]] = {
 }
 
 
-def settings_kinds(cls: type) -> dict[str, Kind]:
-    """The config keys a provider's settings dataclass takes, each with its kind, from the
-    dataclass's own field types (``int | None`` is ``int``)."""
-    hints = typing.get_type_hints(cls)
-    kinds: dict[str, Kind] = {}
-    for f in dataclasses.fields(cls):
-        types = {t for t in typing.get_args(hints[f.name]) or (hints[f.name],)
-                 if t is not type(None)}
-        for python, kind in ((bool, "bool"), (int, "int"), (float, "float"), (str, "str")):
-            if python in types:
-                kinds[f.name] = kind  # type: ignore[assignment]
-                break
-    return kinds
-
-
 def provider_settings() -> dict[str, Kind]:
-    """Every registered provider's settings that are config keys: the fields of the settings
-    dataclass its constructor takes as ``settings`` (SageMaker's); a provider without one
-    (Vertex, local) takes only options. Imports every provider package (no cloud SDK)."""
-    import inspect
-
-    from launcher.providers import provider_class
-
+    """Every registered provider's settings that are config keys: the fields of its settings
+    class (SageMaker's ``s3_prefix``, Vertex's ``project``); a provider without one (local)
+    takes only options. Imports each provider's settings, not its provider class."""
     kinds: dict[str, Kind] = {}
     for name in provider_names():
-        cls = provider_class(name)
-        if "settings" not in inspect.signature(cls).parameters:
-            continue
-        settings: Any = typing.get_type_hints(cls.__init__)["settings"]
-        if dataclasses.is_dataclass(settings):
+        settings = settings_class(name)
+        if settings is not None:
             for key, kind in settings_kinds(settings).items():
                 kinds.setdefault(key, kind)
     return kinds

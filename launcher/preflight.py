@@ -28,6 +28,7 @@ from launcher.plan.memory import Target
 from launcher.plan.plan import Plan
 from launcher.plan.planner import PlanResult, plan, reevaluate
 from launcher.plan.targets import calibrated, cloud_targets, local_target
+from launcher.providers import LOCAL
 from launcher.script_info import ScriptInfo, plain_reads
 from launcher.spec import Spec
 from launcher.status import UsageError
@@ -114,7 +115,7 @@ def _planning(spec: Spec, info: ScriptInfo, state_dir: Path | None,
         # the plan runs at the length its shape was sized at, and says where it came from
         spec = replace(spec, seq_len=shape.seq_len, origins={
             **spec.origins, "seq_len": "assumed with the shape; --seq-len changes it"})
-    if spec.provider == "local":
+    if spec.provider == LOCAL:
         targets = [local_target(spec, info.hardware)]
     else:
         targets = cloud_targets(spec.provider, spec)

@@ -105,10 +105,10 @@ def family(machine: str) -> str:
 
 
 def _gpu_kinds() -> dict[str, str]:
-    from launcher.plan.catalog import PROVIDERS, load_catalog
+    from launcher.plan.catalog import catalogued, load_catalog
 
     if not _GPU_KINDS:
-        for provider in PROVIDERS:
+        for provider in catalogued():
             try:
                 _GPU_KINDS.update({m.name: m.gpu for m in load_catalog(provider).machines})
             except Exception:  # noqa: BLE001 - grouping falls back on names

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from launcher.context import Environment
+from launcher.providers import LOCAL
 from launcher.run_index import RunList, index_run, indexed_run, list_runs, state_home
 from launcher.runs import Attempt, Outcome, Run, Summary
 from launcher.status import BadValue, ExitStatus, JobState, LaunchError, UsageError
@@ -266,7 +267,7 @@ class Runner:
         for key in ("model_config",):
             if options.get(key) is not None and not options[key].is_absolute():
                 options[key] = env.cwd / options[key]
-        name = options.get("provider") or "local"
+        name = options.get("provider") or LOCAL
         provider = None
         provider_error = None
         if not (dry_run and name in PLANNED and name not in REGISTRY):
@@ -292,10 +293,10 @@ class Runner:
             from launcher.recipe import describe_only
 
             info = describe_only(options["script"], python=env.python, env=env.environ,
-                                 local=name == "local")
+                                 local=name == LOCAL)
         else:
             info = inspect_script(options["script"], python=env.python, env=env.environ,
-                                  local=name == "local", count_flops=not tracing, probe=probe,
+                                  local=name == LOCAL, count_flops=not tracing, probe=probe,
                                   argv=script_args, capture_plain=options.get("params") is None
                                   and options.get("model_config") is None)
         spec = build_spec(options, info, origins)
@@ -307,7 +308,7 @@ class Runner:
                                        plain_reads(spec) or frozenset()))
         if provider_error:
             result.notes.append(f"no {name} request: {provider_error}")
-        if name == "local" and info.needs_gpu and not info.hardware.cuda_devices:
+        if name == LOCAL and info.needs_gpu and not info.hardware.cuda_devices:
             no_gpu = _no_gpu_here(spec.script.name, info.needs_gpu, info.cpu_flag)
             if not dry_run:  # it would fail at its first .to("cuda"): nothing is started
                 raise no_gpu
@@ -371,7 +372,7 @@ class Runner:
                               ExitStatus.NO_PLAN_FITS)
         assert provider is not None  # only a dry run plans without one
         recorded = spec.to_dict()
-        if spec.provider != "local":  # resolved from the environment now; later shells may lack it
+        if spec.provider != LOCAL:  # resolved from the environment now; later shells may lack it
             try:
                 recorded["region"] = provider.region
             except (LaunchError, AttributeError):
@@ -548,12 +549,12 @@ class Runner:
 
     def machines(self, provider: str, gpu: str | None = None) -> list[Machine]:
         """The GPU machines of a cloud's catalog, only those with ``gpu`` when given."""
-        from launcher.plan.catalog import PROVIDERS, UnknownGpu, load_catalog
+        from launcher.plan.catalog import UnknownGpu, catalogued, load_catalog
         from launcher.plan.catalog import gpu as gpu_type
 
-        if provider not in PROVIDERS:
+        if provider not in catalogued():
             raise UsageError(f"no machine catalog for provider {provider!r}",
-                             f"use {' or '.join(f'--provider {p}' for p in PROVIDERS)}")
+                             f"use {' or '.join(f'--provider {p}' for p in catalogued())}")
         machines = list(load_catalog(provider).machines)
         if gpu:
             try:

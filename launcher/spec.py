@@ -28,6 +28,7 @@ from launcher.estimate.analytic import ATTENTION
 from launcher.estimate.footprint import OPTIMIZER_IMPLEMENTATIONS
 from launcher.options import ConfigKey, config_keys, option_keys
 from launcher.plan.plan import CHECKPOINTING, OPTIMIZERS, PRECISIONS
+from launcher.providers import LOCAL
 from launcher.providers import names as provider_names
 from launcher.script_info import ScriptInfo, script_parallelism
 from launcher.status import UsageError
@@ -72,8 +73,7 @@ FLOAT_RULES: dict[str, tuple[bool, str]] = {
 }
 #: Text settings: one line, no control characters (they end up in requests, names and paths).
 TEXT_FIELDS = ("provider", "strategy", "machine", "precision", "optimizer", "region", "bucket",
-               "project", "service_account", "role", "image", "timeout", "model_config",
-               "attention", "optimizer_impl")
+               "image", "timeout", "model_config", "attention", "optimizer_impl")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
@@ -83,7 +83,7 @@ class Spec:
 
     script: Path
     mode: str
-    provider: str = "local"
+    provider: str = LOCAL
     #: A framework script's framework (hf_trainer | accelerate | lightning: capture/frameworks.py)
     framework: str | None = None
     #: Where each of the plan's settings came from, in words (``--steps``, ``steps in
@@ -130,12 +130,10 @@ class Spec:
     attention: str | None = None
     #: How the script's optimizer steps (foreach | for-loop): its temporaries in the estimate.
     optimizer_impl: str | None = None
-    # Provider settings.
+    # The settings every cloud takes. A provider's own (Vertex's project, SageMaker's role) are
+    # its settings class's: they reach it from the options, and the run records them as given.
     region: str | None = None
     bucket: str | None = None
-    project: str | None = None
-    service_account: str | None = None
-    role: str | None = None
     spot: bool = False
     max_attempts: int = 3
     budget: float | None = None

@@ -33,7 +33,6 @@ from __future__ import annotations
 import functools
 import json
 from dataclasses import dataclass
-from importlib import resources
 from typing import Literal
 
 #: How far a strategy shards the model states: not at all (every process holds them whole),
@@ -124,23 +123,29 @@ class Strategy:
         return tuple(p for p in _catalogued() if self.runs_on(p))
 
 
-@functools.cache
 def _catalogued() -> tuple[str, ...]:
-    """The providers with a machine catalog, by name. Read from the catalogs' folder, not asked
-    of ``plan.catalog`` or the provider registry, which both sit above this module."""
-    folder = resources.files("launcher.plan").joinpath("catalogs")
-    return tuple(sorted(f.name.removesuffix(".json") for f in folder.iterdir()
-                        if f.name.endswith(".json") and f.name != "gpus.json"))
+    """The providers with a machine catalog, by name, from the provider registry (which imports
+    nothing above this module: ``plan.catalog``, which parses the catalogs, sits above it)."""
+    from launcher.providers import REGISTRY
+
+    return tuple(name for name, entry in REGISTRY.items() if entry.catalog)
+
+
+def _offered(provider: str) -> tuple[str, ...]:
+    """The vendor strategies ``provider`` offers: its machine catalog's ``strategies`` (where a
+    provider says what it has); none without one."""
+    from launcher.providers import REGISTRY
+
+    return _listed(provider, REGISTRY[provider]) if provider in REGISTRY else ()
 
 
 @functools.cache
-def _offered(provider: str) -> tuple[str, ...]:
-    """The vendor strategies ``provider`` offers: its machine catalog's ``strategies``
-    (``plan/catalogs/<provider>.json``, where a provider says what it has); none without one."""
-    path = resources.files("launcher.plan").joinpath("catalogs", f"{provider}.json")
-    if not path.is_file():
-        return ()
-    listed = json.loads(path.read_text(encoding="utf-8")).get("strategies") or ()
+def _listed(provider: str, entry: object) -> tuple[str, ...]:
+    """``_offered``, read once per registry entry (the planner asks it for every candidate)."""
+    from launcher.providers import catalog_text
+
+    text = catalog_text(provider)
+    listed = (json.loads(text).get("strategies") or ()) if text else ()
     return tuple(str(name) for name in listed)
 
 

@@ -18,6 +18,7 @@ from typing import Any
 from launcher import faults
 from launcher.events import OomEvent, parse_event
 from launcher.plan.plan import Plan
+from launcher.providers import LOCAL
 from launcher.providers.base import Job, JobState, Provider
 from launcher.remedies import Failure
 from launcher.render import RenderedJob, TrainSettings, render
@@ -197,7 +198,7 @@ class Supervisor:
         change = "first attempt"
         for number in range(1, spec.max_attempts + 1):
             job = self.prepare(spec, plan, number)
-            attempt = self.submit(job, change, cost_usd=0.0 if spec.provider == "local" else None)
+            attempt = self.submit(job, change, cost_usd=0.0 if spec.provider == LOCAL else None)
             job_id = attempt.job_id
             attempts.append(attempt)
             self.on_note(f"attempt {number}: {plan.strategy} on {plan.machine}, micro-batch "

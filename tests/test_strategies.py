@@ -172,11 +172,12 @@ def test_a_vendor_strategy_runs_where_a_catalog_offers_it_and_nowhere_else() -> 
     """SMP v2 is SageMaker's: its catalog's ``strategies`` says so, not a list in the strategy
     (a provider's place is its own, and a cloud's name is not written outside it)."""
     import json
-    from importlib import resources
 
-    folder = resources.files("launcher.plan").joinpath("catalogs")
-    offered = {f.name.removesuffix(".json"): json.loads(f.read_text()).get("strategies", [])
-               for f in folder.iterdir() if f.name.endswith(".json") and f.name != "gpus.json"}
+    from launcher import providers
+
+    offered = {name: json.loads(text).get("strategies", []) for name in providers.names()
+               if (text := providers.catalog_text(name)) is not None}
+    assert set(offered) == {"vertex", "sagemaker"}
     assert any(offered.values())  # the rule is exercised
     for s in STRATEGIES.values():
         for provider, names in offered.items():

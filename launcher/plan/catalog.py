@@ -1,8 +1,10 @@
 """GPU machine catalogs: what each provider can run, what it costs, and what its GPUs can do.
 
-The facts live in JSON next to this module (``catalogs/vertex.json``, ``catalogs/sagemaker.json``,
-``catalogs/gpus.json``; ``catalogs/README.md`` gives the schema and every source). This module
-only loads them into plain dataclasses. It must stay cheap to import: no torch, no cloud SDKs.
+The facts live in JSON: each provider's machines in its own package (``catalog.json``, where its
+registry entry says: ``launcher/providers/vertex/catalog.json``), the GPUs' in
+``catalogs/gpus.json`` next to this module (``catalogs/README.md`` gives the schema and every
+source). This module only loads them into plain dataclasses. It must stay cheap to import: no
+torch, no cloud SDKs, no provider class.
 
     >>> cat = load_catalog("sagemaker")
     >>> m = cat.get("ml.p4de.24xlarge")
@@ -25,18 +27,17 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
-from launcher.providers import names as provider_names
+from launcher.providers import REGISTRY, catalog_text
 
 GiB = 1024**3
 #: The first CUDA compute capability with bf16 arithmetic (Ampere).
 BF16_COMPUTE_CAPABILITY = 8.0
 
-#: The providers with a machine catalog (``catalogs/<provider>.json``), in the provider
-#: registry's order. A provider's catalog holds all this module knows about it: its machines,
-#: its name in sentences (``display_name``) and its other spellings (``aliases``).
-PROVIDERS: tuple[str, ...] = tuple(
-    name for name in provider_names()
-    if resources.files("launcher.plan").joinpath("catalogs", f"{name}.json").is_file())
+def catalogued() -> tuple[str, ...]:
+    """The providers with a machine catalog (their registry entry names one), in the registry's
+    order. A provider's catalog holds all this module knows about it: its machines, its name in
+    sentences (``display_name``) and its other spellings (``aliases``)."""
+    return tuple(name for name, entry in REGISTRY.items() if entry.catalog)
 
 
 class UnknownMachine(KeyError):
@@ -247,16 +248,25 @@ def _read_json(filename: str) -> dict[str, Any]:
 
 
 @functools.cache
+def catalog_data(provider: str) -> dict[str, Any]:
+    """The parsed catalog file of ``provider`` (a name with a catalog), read once."""
+    text = catalog_text(provider)
+    if text is None:
+        raise ValueError(f"provider {provider!r} has no machine catalog")
+    data: dict[str, Any] = json.loads(text)
+    return data
+
+
 def _aliases() -> dict[str, str]:
     """Every spelling of a provider with a catalog (its name, its catalog's ``aliases``)."""
-    return {alias: name for name in PROVIDERS
-            for alias in (name, *_read_json(f"{name}.json").get("aliases", ()))}
+    return {alias: name for name in catalogued()
+            for alias in (name, *catalog_data(name).get("aliases", ()))}
 
 
 def data_parallel_library(provider: str) -> str | None:
     """The provider's own library that speeds up DDP's gradient all-reduce (SageMaker's SMDDP),
     as its catalog names it; None where it has none (or no catalog)."""
-    if provider not in PROVIDERS:
+    if provider not in catalogued():
         return None
     found = load_catalog(provider).raw.get("data_parallel_library")  # read once, cached
     return found if isinstance(found, str) else None
@@ -266,7 +276,7 @@ def normalize_provider(provider: str) -> str:
     key = _aliases().get(provider.strip().lower())
     if key is None:
         raise ValueError(
-            f"no machine catalog for provider {provider!r}; known: {', '.join(PROVIDERS)}"
+            f"no machine catalog for provider {provider!r}; known: {', '.join(catalogued())}"
         )
     return key
 
@@ -343,7 +353,7 @@ def load_catalog(provider: str) -> Catalog:
     key = normalize_provider(provider)
     if key != provider:
         return load_catalog(key)
-    data = _read_json(f"{key}.json")
+    data = catalog_data(key)
     table = _gpus()
     machines = [_machine(row, data, table) for row in data["machines"]]
     return Catalog(

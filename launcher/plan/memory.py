@@ -50,6 +50,8 @@ class Target:
     max_nodes: int = 1
     #: An address-space cap (local --memory-limit): not comparable with allocated bytes.
     address_space_cap: bool = False
+    #: This machine (the local provider's): nothing to pay for, whatever it is.
+    here: bool = False
     #: From calibration (real runs on this machine type): allocator slack, and how much more
     #: than predicted this model allocated. Defaults: the overheads module's, and 1.
     reserve_ratio: float | None = None

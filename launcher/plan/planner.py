@@ -54,6 +54,7 @@ from launcher.plan.memory import (
 )
 from launcher.plan.plan import Plan, checkpointing_key, checkpointing_mode
 from launcher.plan.reasons import Rejection
+from launcher.providers import LOCAL
 from launcher.remedies import (
     AS_ASKED,
     CHECKPOINTING,
@@ -261,10 +262,10 @@ def _evaluate(spec: Spec, fp: Footprint, target: Target, rung: Rung, gpus: int, 
         checkpointing=rung.checkpointing,  # type: ignore[arg-type]
         reshard_after_forward=rung.reshard_after_forward, steps=spec.steps, lr=spec.lr,
         seq_len=spec.seq_len, fits=fits(memory, target),
-        cost_per_hour_usd=0.0 if target.cpu or target.name.startswith("local") else
+        cost_per_hour_usd=0.0 if target.cpu or target.here else
         cost.cost_per_hour_usd,
         step_time_s=cost.step_time_s,
-        total_cost_usd=0.0 if target.name.startswith("local") else cost.total_cost_usd,
+        total_cost_usd=0.0 if target.here else cost.total_cost_usd,
         memory=memory, reduce_every_micro_step=reduce_every,
         note=rung.label + (", reduce-scatter every micro-step" if reduce_every else ""))
 
@@ -308,7 +309,7 @@ def plan_on(spec: Spec, estimator: Estimator, target: Target, provider: str,
         raise UsageError(f"{flag} is for fsdp and hybrid_shard, not --strategy {spec.strategy}",
                          "drop one of the two")
     if one_process(spec) and spec.gpus_per_node is None and gpus > 1:
-        if provider != "local":
+        if provider != LOCAL:
             return None, [], []  # its other GPUs would be paid for and idle
         gpus = 1  # this machine's first GPU
     precision = precisions.precision_for(spec, target)
@@ -430,7 +431,7 @@ def _parallelism_notes(spec: Spec, provider: str, chosen: Plan | None) -> list[s
     notes = []
     if one_process(spec):
         notes.append(f"{name} runs one process (no DDP or FSDP of its own): planned on one GPU"
-                     + ("" if provider == "local" else
+                     + ("" if provider == LOCAL else
                         "; machines of several GPUs are left out (the others would idle)"))
     if chosen is None and SHARDS not in own:
         notes.append(f"no single GPU holds this model and {name} does not shard it: to train "

@@ -331,7 +331,7 @@ def unpriced_note(chosen: Plan, target: Target | None, searched: bool) -> str | 
     it was chosen all the same (pinned, or, ``searched``, no priced machine fits)."""
     if chosen.total_cost_usd is not None:
         return None
-    if target is None or target.cpu or target.name.startswith("local"):
+    if target is None or target.cpu or target.here:
         return None
     why = f" ({target.price_note})" if target.price_note else ""
     chosen_because = ("no priced machine fits, so one without a price is chosen" if searched

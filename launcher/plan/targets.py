@@ -43,12 +43,12 @@ def local_target(spec: Spec, hw: Hardware) -> Target:
         known = family_of(hw.cuda_name)  # its bf16 support: the default precision
         return Target(name=f"local-{hw.cuda_name or 'cuda'}", gpus=hw.cuda_devices,
                       memory_bytes=hw.cuda_memory_bytes, gpu_name=hw.cuda_name,
-                      bf16=None if known is None else known.supports_bf16)
+                      bf16=None if known is None else known.supports_bf16, here=True)
     procs = spec.gpus_per_node or 1
     host = hw.host_memory_bytes
     capacity = spec.memory_limit or (host // procs if host else None)
     return Target(name="local-cpu", gpus=max(procs, 1), memory_bytes=capacity, cpu=True,
-                  bf16=False, address_space_cap=spec.memory_limit is not None)
+                  bf16=False, address_space_cap=spec.memory_limit is not None, here=True)
 
 
 def cloud_targets(provider: str, spec: Spec) -> list[Target]:

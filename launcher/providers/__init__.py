@@ -1,28 +1,50 @@
 """Providers: one package per place a job can run, owning everything about it (its cloud's client
-code, its in-container bootstrap, its log reading, its `launch doctor` checks, its error strings).
+code, its settings and their flags, its machine catalog and training images, its in-container
+bootstrap, its log reading, its `launch doctor` checks, its error strings).
 
-The registry below is the one list of them: ``launch --provider`` choices (spec.py), `launch
-doctor` and the run commands (cli.py) all read it. A provider is imported only when it is used
-(cloud SDKs are slow to import and optional extras), so ``launch --help`` imports none.
+The registry below is the one list of them: ``launch --provider`` choices (spec.py), the cloud
+flags and config keys (options.py), the catalogs (plan/catalog.py), `launch doctor` and the run
+commands (cli.py) all read it. A provider's class is imported only when it is used (cloud SDKs
+are slow to import and optional extras); what `launch --help` and the planner need of it, its
+settings class and its catalog file, is read from its package without importing that class
+(a provider package's ``__init__`` imports its provider class lazily).
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
 from launcher.status import UsageError
 
-if TYPE_CHECKING:
-    from launcher.providers.base import Provider
 
-#: name -> "module:Class", in the order the providers are offered; a module is imported only
-#: when its provider is used. Tests register a provider of their own here (monkeypatch.setitem).
-REGISTRY = {
-    "local": "launcher.providers.local:LocalProvider",
-    "vertex": "launcher.providers.vertex:VertexProvider",
-    "sagemaker": "launcher.providers.sagemaker:SageMakerProvider",
+@dataclass(frozen=True)
+class Registered:
+    """Where one provider is: ``module`` (its package, or a module of its own), and by name in
+    it: its :class:`~launcher.providers.base.Provider` class, its settings dataclass (whose
+    fields are its config keys and whose ``flags.flag()`` fields are its own flags), and its
+    machine catalog (a JSON file in the package: ``plan/catalogs/README.md`` has the schema).
+    A provider with no settings class takes only the options every provider does; one with no
+    catalog (local) runs on the machine at hand."""
+
+    module: str
+    provider: str
+    settings: str | None = None
+    catalog: str | None = None
+
+
+#: name -> where it is, in the order the providers are offered. Tests register a provider of
+#: their own here (monkeypatch.setitem).
+REGISTRY: dict[str, Registered] = {
+    "local": Registered("launcher.providers.local", "LocalProvider"),
+    "vertex": Registered("launcher.providers.vertex", "VertexProvider", "VertexSettings",
+                         "catalog.json"),
+    "sagemaker": Registered("launcher.providers.sagemaker", "SageMakerProvider",
+                            "SageMakerSettings", "catalog.json"),
 }
+#: The provider that runs jobs on this machine: the default, free, and sent no request.
+LOCAL = "local"
 #: Providers the design names whose adapter is not in this version.
 PLANNED: tuple[str, ...] = ()
 
@@ -32,20 +54,51 @@ def names() -> tuple[str, ...]:
     return tuple(REGISTRY)
 
 
-def provider_class(name: str) -> type[Provider]:
-    """The class of the provider called ``name`` (its package imported now)."""
+def clouds() -> tuple[str, ...]:
+    """The providers a job can run on other than this machine, in the registry's order."""
+    return tuple(name for name in REGISTRY if name != LOCAL)
+
+
+def _entry(name: str) -> Registered:
     if name not in REGISTRY:
         if name in PLANNED:
             raise UsageError(f"the {name} provider is not available in this version of launch",
-                             "use --provider local (`launch plan` shows the local plan)")
+                             f"use --provider {LOCAL} (`launch plan` shows the local plan)")
         raise UsageError(f"unknown provider {name!r}",
                          f"choose one of {', '.join([*REGISTRY, *PLANNED])}")
-    module, _, cls = REGISTRY[name].partition(":")
-    found: type[Provider] = getattr(importlib.import_module(module), cls)
+    return REGISTRY[name]
+
+
+def provider_class(name: str) -> Any:
+    """The class of the provider called ``name`` (a ``base.Provider``; its package imported now).
+    Typed loosely: the registry sits below every provider module, ``base`` included, and names
+    none of them."""
+    entry = _entry(name)
+    return getattr(importlib.import_module(entry.module), entry.provider)
+
+
+def settings_class(name: str) -> type | None:
+    """The settings dataclass of the provider called ``name``, None if it has none. Imports its
+    package but not its provider class."""
+    entry = _entry(name)
+    if entry.settings is None:
+        return None
+    found: type = getattr(importlib.import_module(entry.module), entry.settings)
     return found
 
 
+def catalog_text(name: str) -> str | None:
+    """The text of the machine catalog of the provider called ``name``, None if it has none."""
+    from importlib import resources
+
+    entry = _entry(name)
+    if entry.catalog is None:
+        return None
+    return resources.files(entry.module).joinpath(entry.catalog).read_text(encoding="utf-8")
+
+
 def get_provider(name: str, settings: dict[str, Any] | None = None,
-                 environ: dict[str, str] | None = None) -> Provider:
-    """The provider called ``name``, configured from ``settings`` (region, bucket, role ...)."""
+                 environ: dict[str, str] | None = None) -> Any:
+    """The provider called ``name`` (a ``base.Provider``), configured from ``settings``
+    (region, bucket, role ...)."""
     return provider_class(name).from_settings(settings or {}, environ)

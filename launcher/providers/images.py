@@ -74,23 +74,20 @@ class Image:
         return int(major), int(minor)
 
 
-#: The images the requests name when no image is given. launcher/providers/vertex/provider.py
-#: (DEFAULT_IMAGE) builds Vertex's URIs; SageMaker's come from the SDK (sagemaker-core's
-#: image_uris, asked by launcher/providers/sagemaker/sdk.py for the torch given here).
-IMAGES: tuple[Image, ...] = (
-    Image("vertex", "vertex-ai/training/pytorch-gpu.2-4.py310", "latest", "2.4",
-          "Vertex AI prebuilt PyTorch GPU training container 2.4 (Python 3.10); the newest "
-          "prebuilt PyTorch training container found"),
-    Image("vertex", "pytorch/pytorch", "2.8.0-cuda12.8-cudnn9-runtime", "2.8.0",
-          "the official PyTorch image (Docker Hub), for what torch 2.4 cannot run: FSDP2 plans "
-          "and adafactor; torch 2.8.0 like SageMaker's default. It has no google-cloud-storage: "
-          "the bootstrap reads the staged code from Vertex AI's /gcs mount"),
-    Image("sagemaker", "pytorch-training", None, "2.8.0",
-          "AWS Deep Learning Container: sagemaker-core's image_uris, 'pytorch' training 2.8.0"),
-    Image("sagemaker", "smdistributed-modelparallel", None, "2.5.1",
-          "SMP v2 image (SMP 2.8.0): sagemaker-core's image_uris, 'pytorch-smp' 2.5.1",
-          kind="smp"),
-)
+def _catalogued_images() -> tuple[Image, ...]:
+    """Each provider's training images, from its machine catalog's ``images`` (in the registry's
+    order, each catalog's in its own: a provider's first fitting one is its default)."""
+    from launcher.plan.catalog import catalog_data, catalogued
+
+    return tuple(Image(provider=name, **row) for name in catalogued()
+                 for row in catalog_data(name).get("images", ()))
+
+
+#: The images the requests name when no image is given, as each provider's catalog lists them
+#: (``images``). launcher/providers/vertex/provider.py (DEFAULT_IMAGE) builds Vertex's URIs;
+#: SageMaker's come from the SDK (sagemaker-core's image_uris, asked by
+#: launcher/providers/sagemaker/sdk.py for the torch its row gives).
+IMAGES: tuple[Image, ...] = _catalogued_images()
 
 #: Named in hints when the provider's own default is too old (Vertex AI's prebuilt PyTorch
 #: training images stop at 2.4): the official image, torch 2.8.0 like SageMaker's default.

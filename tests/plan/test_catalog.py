@@ -10,6 +10,7 @@ from importlib import resources
 
 import pytest
 
+from launcher import providers
 from launcher.plan import catalog as cat
 from launcher.plan.catalog import UnknownGpu, UnknownMachine, gpu, gpus, load_catalog
 
@@ -52,9 +53,11 @@ def vertex_accelerator_types() -> set[str]:
 
 
 def raw(provider_or_file: str) -> dict:
-    name = provider_or_file if provider_or_file.endswith(".json") else f"{provider_or_file}.json"
-    text = resources.files("launcher.plan").joinpath("catalogs", name).read_text(encoding="utf-8")
-    return json.loads(text)
+    """A provider's catalog as its package holds it, or a file of ``plan/catalogs/``."""
+    if not provider_or_file.endswith(".json"):
+        return json.loads(providers.catalog_text(provider_or_file) or "null")
+    folder = resources.files("launcher.plan").joinpath("catalogs")
+    return json.loads(folder.joinpath(provider_or_file).read_text(encoding="utf-8"))
 
 
 def is_date(value: object) -> bool:

@@ -1,8 +1,7 @@
 """What every provider does, the same way: one contract, run against each provider in the
 registry (local with real torchrun processes, Vertex AI and SageMaker against their loopback fakes
 driven by the real clients) and against a toy provider registered by the test
-(tests/providers/toy_provider.py), which shows that a new provider is a class and one registry
-entry.
+(tests/providers/toy/), which shows that a new provider is a package and one registry entry.
 
 The contract: ``dryrun`` is pure and its request is what ``schedule`` takes (``submit`` is
 ``schedule(dryrun(job))``); a job is followed to its end with ``poll`` and ``logs`` (a JSON
@@ -34,9 +33,9 @@ from launcher.providers.checks import Check
 from launcher.render import RenderedJob
 from launcher.spec import check_options
 from launcher.status import UsageError
-from tests.providers.toy_provider import ToyCloud, ToyProvider
+from tests.providers.toy import ENTRY as TOY
+from tests.providers.toy import ToyCloud, ToyProvider
 
-TOY = "tests.providers.toy_provider:ToyProvider"
 PROVIDERS = ("local", "vertex", "sagemaker", "toy")
 
 
@@ -358,17 +357,23 @@ def test_one_registry_for_run_plan_and_doctor() -> None:
 
 
 def test_the_registry_imports_no_provider_and_the_bootstraps_are_package_data() -> None:
+    """The options, the config keys and the doctor's list read each provider's settings class
+    and catalog, never its provider class: no client code, no SDK (`launch --help` waits on
+    this)."""
     code = textwrap.dedent("""
         import sys
-        import launcher.doctor, launcher.providers, launcher.spec
+        import launcher.cli, launcher.doctor, launcher.providers, launcher.spec
+        settings = {"launcher.providers.vertex", "launcher.providers.vertex.settings",
+                    "launcher.providers.sagemaker", "launcher.providers.sagemaker.settings"}
         loaded = [m for m in sys.modules if m.startswith(("launcher.providers.vertex",
                   "launcher.providers.sagemaker", "launcher.providers.local", "google.cloud.",
-                  "google.api_core", "grpc",
-                  "boto3", "botocore"))]
+                  "google.api_core", "grpc", "boto3", "botocore")) and m not in settings]
         assert not loaded, loaded
+        assert settings <= set(sys.modules)  # the flags come from them
         from importlib import resources
         for package in ("launcher.providers.vertex", "launcher.providers.sagemaker"):
             assert resources.files(package).joinpath("bootstrap.py").is_file()
+            assert resources.files(package).joinpath("catalog.json").is_file()
     """)
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
@@ -468,3 +473,58 @@ def test_a_provider_s_platform_words_are_found_by_their_needles(name):
         assert pattern.search(f"x {sample} y"), alternative
         assert any(n in sample.lower() for n in cls.platform_needles), alternative
         assert names_platform(f"x {sample} y"), alternative
+
+
+def test_contributings_recipe_on_the_toy_one_package_and_one_registry_line(tmp_path):
+    """CONTRIBUTING's "Add a provider", checked on the toy in a fresh process with nothing but
+    its registry line added: its settings class's flag is an option of plan, run and doctor
+    (with its title from its catalog), its setting a config key, its catalog is the one
+    `launch machines` lists and the planner searches, its images are the image table's, and the
+    plan's request is the toy's own dry run."""
+    from tests.conftest import TINY_RECIPE
+
+    repo = Path(__file__).resolve().parents[2]
+    entry = textwrap.dedent("""
+        import sys
+        from tests.providers.toy import register
+        register()
+        from launcher.cli import main
+        sys.exit(main(sys.argv[1:]))
+    """)
+    box = tmp_path / "box"
+    box.mkdir()
+    (tmp_path / "train.py").write_text(textwrap.dedent(TINY_RECIPE))
+    environ = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PYTHONPATH": str(repo),
+               "LAUNCH_NO_TRACE": "1", "LAUNCH_STATE_DIR": str(tmp_path / "state")}
+
+    def launch(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-c", entry, *args], cwd=tmp_path, env=environ,
+                              capture_output=True, text=True, timeout=300)
+
+    for command in ("plan", "run", "doctor"):
+        shown = launch(command, "--help")
+        assert shown.returncode == 0, shown.stderr
+        assert "--toy-root" in shown.stdout and "(Toy Box)" in shown.stdout, (command, shown.stdout)
+    listed = launch("machines", "--provider", "toy", "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert [m["name"] for m in json.loads(listed.stdout)["machines"]] == ["toy-2", "toy-8"]
+
+    (tmp_path / "launch.toml").write_text(f'provider = "toy"\ntoy_root = "{box}"\n')
+    planned = launch("plan", "train.py", "--json")
+    assert planned.returncode == 0, planned.stderr
+    plan = json.loads(planned.stdout)
+    assert plan["chosen"]["machine"] == "toy-2", plan["chosen"]  # the cheaper of its two
+    assert plan["request"]["command"][0] == "toyrun", plan["request"]
+    checked = launch("doctor", "--json")
+    assert json.loads(checked.stdout)["checks"][0] == {
+        **json.loads(checked.stdout)["checks"][0], "name": "box", "status": "ok"}
+
+    (tmp_path / "launch.toml").write_text(f'provider = "toy"\ntoy_rot = "{box}"\n')
+    misspelt = launch("plan", "train.py")
+    assert misspelt.returncode == 2 and "toy_root" in misspelt.stderr, misspelt.stderr
+    image = subprocess.run(
+        [sys.executable, "-c", "from tests.providers.toy import register; register(); "
+         "from launcher.providers.images import default_image; "
+         "print(default_image('toy', 'fsdp').shown)"],
+        cwd=tmp_path, env=environ, capture_output=True, text=True, timeout=120)
+    assert image.stdout.strip() == "toys/pytorch:2.8.0", image.stderr

@@ -973,11 +973,8 @@ def test_end_to_end_the_fake_runs_the_submitted_job_oom_stop_resubmit_resume(
 
 
 def test_status_logs_and_cancel_of_a_sagemaker_run(tmp_path, aws_env, fake, cli, monkeypatch):
-    import launcher.providers as providers
     from launcher.runs import Attempt, Run
 
-    monkeypatch.setitem(providers.REGISTRY, "sagemaker",
-                        "launcher.providers.sagemaker:SageMakerProvider")
     fake.push(cuda_oom(gpus=1, oom_rank=0, hang_s=30))
     p = provider(aws_env)
     job_id = p.schedule(p.dryrun(make_job(tmp_path)))
@@ -1011,11 +1008,8 @@ def test_a_launcher_killed_between_create_and_record_is_adopted_by_status(
     """The state a crash leaves: the attempt written ahead as ``submitting`` (no job id), the
     job created on SageMaker. `launch status` finds it by its deterministic name and records it;
     an attempt whose job was never created ends as failed, not pending for ever."""
-    import launcher.providers as providers
     from launcher.runs import Attempt, Run
 
-    monkeypatch.setitem(providers.REGISTRY, "sagemaker",
-                        "launcher.providers.sagemaker:SageMakerProvider")
     fake.push(cuda_oom(gpus=1, oom_rank=0, hang_s=30))
     settings = {"bucket": BUCKET, "role": ROLE, "region": "us-east-1", "api_interval_s": 0,
                 "log_settle_s": 0}
@@ -1048,11 +1042,8 @@ def test_machines_lists_the_sagemaker_catalog(cli):
 
 
 def test_provider_errors_exit_6_through_the_cli(tmp_path, aws_env, fake, cli, monkeypatch):
-    import launcher.providers as providers
     from launcher.runs import Attempt, Run
 
-    monkeypatch.setitem(providers.REGISTRY, "sagemaker",
-                        "launcher.providers.sagemaker:SageMakerProvider")
     run = Run.create(tmp_path / "state", "train", {"provider": "sagemaker", "spec": {
         "bucket": BUCKET, "role": ROLE, "region": "us-east-1"}})
     run.save_attempt(Attempt(number=1, plan=make_plan(), job_id="launch-gone-a1", state="running"))

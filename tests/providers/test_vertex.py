@@ -1316,11 +1316,8 @@ def test_the_read_quota_gives_the_event_channel_its_turn_and_the_stream_the_rest
 
 def test_status_logs_and_cancel_commands_on_a_vertex_run(fake, storage_emulator, bucket,
                                                          tmp_path, cli, monkeypatch):
-    from launcher import providers
     from launcher.runs import Attempt, Run
 
-    # The registry entry this provider asks the integrator for.
-    monkeypatch.setitem(providers.REGISTRY, "vertex", "launcher.providers.vertex:VertexProvider")
     fake.script(state("JOB_STATE_RUNNING"), log("workerpool0-0", metrics(0, 1)),
                 log("workerpool0-0", metrics(0, 2)), wait_cancel(60, "not cancelled"))
     environ = vertex_env(fake, storage_emulator)

@@ -7,33 +7,36 @@
 what starts torchrun on every host, shipped as package data), ``sdk.py`` (the training image
 URIs, from sagemaker-core) and ``_aws.py`` (how one talks to AWS). Importing it imports no AWS
 SDK: boto3 is imported by the calls that need it, sagemaker-core by the dry run alone.
+
+Its ``__init__`` imports only the settings (`launch --help` reads them); the rest of the
+names below are imported from their modules on first use.
 """
 
-from launcher.providers.sagemaker.logs import FILTER_PATTERN_MAX, LOG_GROUP, event_filter
-from launcher.providers.sagemaker.package import (
-    BOOTSTRAP,
-    BOOTSTRAP_NAME,
-    PACKAGE_NAME,
-    CodePackage,
-    build_package,
-)
-from launcher.providers.sagemaker.provider import (
-    CAPACITY_PATTERNS,
-    ENTRY_SHELL,
-    SageMakerProvider,
-    SageMakerRequest,
-)
-from launcher.providers.sagemaker.settings import (
-    JOB_NAME,
-    SageMakerSettings,
-    job_name,
-    parse_timeout,
-    status_of,
-)
+from __future__ import annotations
 
-__all__ = [
-    "BOOTSTRAP", "BOOTSTRAP_NAME", "CAPACITY_PATTERNS", "ENTRY_SHELL", "FILTER_PATTERN_MAX",
-    "JOB_NAME", "LOG_GROUP", "PACKAGE_NAME", "CodePackage", "SageMakerProvider",
+import importlib
+from typing import Any
+
+from launcher.providers.sagemaker.settings import SageMakerSettings
+
+#: This package's module -> the names imported from it on first use.
+_LAZY_FROM: dict[str, tuple[str, ...]] = {
+    "logs": ("FILTER_PATTERN_MAX", "LOG_GROUP", "event_filter"),
+    "package": ("BOOTSTRAP", "BOOTSTRAP_NAME", "PACKAGE_NAME", "CodePackage", "build_package"),
+    "provider": ("CAPACITY_PATTERNS", "ENTRY_SHELL", "SageMakerProvider", "SageMakerRequest"),
+    "settings": ("JOB_NAME", "job_name", "parse_timeout", "status_of"),
+}
+_LAZY = {name: module for module, names in _LAZY_FROM.items() for name in names}
+
+__all__ = ["BOOTSTRAP", "BOOTSTRAP_NAME", "CAPACITY_PATTERNS", "CodePackage", "ENTRY_SHELL",
+    "FILTER_PATTERN_MAX", "JOB_NAME", "LOG_GROUP", "PACKAGE_NAME", "SageMakerProvider",
     "SageMakerRequest", "SageMakerSettings", "build_package", "event_filter", "job_name",
-    "parse_timeout", "status_of",
-]
+    "parse_timeout", "status_of"]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    globals()[name] = value
+    return value

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from launcher.flags import flag
 from launcher.providers.base import JobState, JobStatus, checked_duration
 from launcher.status import BadValue, UsageError
 
@@ -80,7 +81,7 @@ class SageMakerSettings:
 
     region: str | None = None
     bucket: str | None = None
-    role: str | None = None
+    role: str | None = flag("Execution role ARN.", envvar="LAUNCH_ROLE")
     spot: bool = False
     budget: float | None = None
     image: str | None = None

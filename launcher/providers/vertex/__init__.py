@@ -6,39 +6,40 @@
 ``doctor.py`` (`launch doctor --provider vertex`), ``bootstrap.py`` (what runs on every node,
 shipped as package data) and ``_gcp.py`` (how one talks to Google Cloud and survives it).
 Importing it imports no Google SDK: the SDKs are imported by the calls that need them.
+
+Its ``__init__`` imports only the settings (`launch --help` reads them); the rest of the
+names below are imported from their modules on first use.
 """
 
-from launcher.providers.vertex.logs import (
-    EVENT_CATEGORIES,
-    EVENT_FIELDS,
-    LOG_PAGE_SIZE,
-    event_needles,
-    event_query,
-)
-from launcher.providers.vertex.machines import ACCELERATORS, MachineSpec, machine_spec
-from launcher.providers.vertex.names import (
-    DEFAULT_PREFIX,
-    DEFAULT_TIMEOUT_S,
-    STATES,
-    check_region,
-    console_url,
-    parse_bucket,
-    parse_duration,
-    parse_job_name,
-)
-from launcher.providers.vertex.provider import (
-    BOOTSTRAP,
-    CAPACITY_PATTERNS,
-    DEFAULT_IMAGE,
-    VertexProvider,
-    VertexRequest,
-)
-from launcher.providers.vertex.timing import Timing
+from __future__ import annotations
 
-__all__ = [
-    "ACCELERATORS", "BOOTSTRAP", "CAPACITY_PATTERNS", "DEFAULT_IMAGE", "DEFAULT_PREFIX",
-    "DEFAULT_TIMEOUT_S", "EVENT_CATEGORIES", "EVENT_FIELDS", "LOG_PAGE_SIZE", "STATES",
-    "MachineSpec", "Timing", "VertexProvider", "VertexRequest", "check_region", "console_url",
-    "event_needles", "event_query", "machine_spec", "parse_bucket", "parse_duration",
-    "parse_job_name",
-]
+import importlib
+from typing import Any
+
+from launcher.providers.vertex.settings import VertexSettings
+
+#: This package's module -> the names imported from it on first use.
+_LAZY_FROM: dict[str, tuple[str, ...]] = {
+    "logs": ("EVENT_CATEGORIES", "EVENT_FIELDS", "LOG_PAGE_SIZE", "event_needles", "event_query"),
+    "machines": ("ACCELERATORS", "MachineSpec", "machine_spec"),
+    "names": ("DEFAULT_PREFIX", "DEFAULT_TIMEOUT_S", "STATES", "check_region", "console_url",
+              "parse_bucket", "parse_duration", "parse_job_name"),
+    "provider": ("BOOTSTRAP", "CAPACITY_PATTERNS", "DEFAULT_IMAGE", "VertexProvider",
+                 "VertexRequest"),
+    "timing": ("Timing",),
+}
+_LAZY = {name: module for module, names in _LAZY_FROM.items() for name in names}
+
+__all__ = ["ACCELERATORS", "BOOTSTRAP", "CAPACITY_PATTERNS", "DEFAULT_IMAGE", "DEFAULT_PREFIX",
+    "DEFAULT_TIMEOUT_S", "EVENT_CATEGORIES", "EVENT_FIELDS", "LOG_PAGE_SIZE", "MachineSpec",
+    "STATES", "Timing", "VertexProvider", "VertexRequest", "VertexSettings", "check_region",
+    "console_url", "event_needles", "event_query", "machine_spec", "parse_bucket",
+    "parse_duration", "parse_job_name"]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    globals()[name] = value
+    return value

@@ -72,6 +72,7 @@ from launcher.providers.vertex.names import (
     parse_duration,
     parse_job_name,
 )
+from launcher.providers.vertex.settings import VertexSettings
 from launcher.providers.vertex.timing import Timing
 from launcher.render import PLAN_NAME
 from launcher.status import ProviderError, UsageError
@@ -174,12 +175,13 @@ class VertexProvider(VertexLogs, Provider):
         spot, image, timeout (seconds, or ``90m``, ``12h``, ``2d``). Credentials never are: they
         come from application-default credentials when the first call is made."""
         environ = dict(os.environ if environ is None else environ)
+        given = VertexSettings.from_mapping(settings)
         bucket, prefix = None, DEFAULT_PREFIX
-        raw_bucket = settings.get("bucket") or environ.get("LAUNCH_BUCKET")
+        raw_bucket = given.bucket or environ.get("LAUNCH_BUCKET")
         if raw_bucket:
             bucket, prefix = parse_bucket(str(raw_bucket))
         region = None
-        for source, value in (("--region or LAUNCH_REGION", settings.get("region")),
+        for source, value in (("--region or LAUNCH_REGION", given.region),
                               ("LAUNCH_REGION", environ.get("LAUNCH_REGION")),
                               ("CLOUDSDK_AI_REGION", environ.get("CLOUDSDK_AI_REGION"))):
             if value:
@@ -189,7 +191,7 @@ class VertexProvider(VertexLogs, Provider):
             raise UsageError("no region for Vertex AI",
                              "pass --region (e.g. us-central1) or set LAUNCH_REGION")
         anonymous = _gcp.parse_endpoint(environ.get("LAUNCH_VERTEX_ENDPOINT")).anonymous
-        project, source = settings.get("project"), "--project or LAUNCH_PROJECT"
+        project, source = given.project, "--project or LAUNCH_PROJECT"
         if not project:
             project, source = environ.get("LAUNCH_PROJECT"), "LAUNCH_PROJECT"
         if not project and not anonymous:
@@ -198,13 +200,13 @@ class VertexProvider(VertexLogs, Provider):
             raise UsageError("no Google Cloud project for Vertex AI",
                              "pass --project or set LAUNCH_PROJECT (or GOOGLE_CLOUD_PROJECT)")
         project = check_project(project, source)
-        account = settings.get("service_account") or None
+        account = given.service_account
         if account is not None:
             account = check_service_account(account)
-        timeout = settings.get("timeout") or environ.get("LAUNCH_VERTEX_TIMEOUT")
+        timeout = given.timeout or environ.get("LAUNCH_VERTEX_TIMEOUT")
         return cls(project=str(project), region=str(region), bucket=bucket, prefix=prefix,
-                   service_account=account, spot=bool(settings.get("spot")),
-                   image=settings.get("image") or environ.get("LAUNCH_VERTEX_IMAGE"),
+                   service_account=account, spot=given.spot,
+                   image=given.image or environ.get("LAUNCH_VERTEX_IMAGE"),
                    timeout_s=parse_duration(timeout) if timeout else DEFAULT_TIMEOUT_S,
                    environ=environ)
 

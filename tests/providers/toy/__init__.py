@@ -1,8 +1,10 @@
 """A provider for the tests only: what it takes to add one (tests/providers/test_contract.py).
 
-A provider is a class with the :class:`~launcher.providers.base.Provider` methods and one
-registry entry (``launcher.providers.REGISTRY``: name -> "module:Class"); nothing else in the
-launcher names it. The tests register this one with ``monkeypatch.setitem``.
+A provider is a package: its class with the :class:`~launcher.providers.base.Provider` methods
+(here), its settings class (``settings.py``: its flag and config key) and its machine catalog
+(``catalog.json``), and one registry entry (``launcher.providers.REGISTRY``: :data:`ENTRY`);
+nothing else in the launcher names it. The tests register this one with ``monkeypatch.setitem``
+(or, in a fresh process, as :func:`register` does).
 
 Its "cloud" is a folder (:class:`ToyCloud`), so that a provider built again from the run's
 settings (``launch status|logs|cancel``) sees the same jobs, as a cloud's would. A job is a JSON
@@ -18,9 +20,21 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+from launcher.providers import REGISTRY, Registered
 from launcher.providers.base import Job, JobStatus, Provider
 from launcher.providers.checks import Check, Checks
 from launcher.status import ProviderError, UsageError
+from tests.providers.toy.settings import ToySettings
+
+#: The toy's one registry line.
+ENTRY = Registered("tests.providers.toy", "ToyProvider", "ToySettings", "catalog.json")
+__all__ = ["ENTRY", "ToyCloud", "ToyProvider", "ToySettings", "register"]
+
+
+def register() -> None:
+    """Add the toy to the registry of this process (before ``launcher.options`` is imported, for
+    its flag to be one of the commands')."""
+    REGISTRY["toy"] = ENTRY
 
 #: Where the toy's cloud is, when the settings do not say (``toy_root``).
 ROOT_VARIABLE = "LAUNCH_TOY_ROOT"
@@ -92,9 +106,9 @@ class ToyProvider(Provider):
     @classmethod
     def from_settings(cls, settings: dict[str, Any], environ: dict[str, str] | None = None
                       ) -> ToyProvider:
-        root = settings.get("toy_root") or (environ or {}).get(ROOT_VARIABLE)
+        root = ToySettings(settings.get("toy_root")).toy_root or (environ or {}).get(ROOT_VARIABLE)
         if not root:
-            raise UsageError("no toy box", f"set {ROOT_VARIABLE}")
+            raise UsageError("no toy box", f"pass --toy-root or set {ROOT_VARIABLE}")
         return cls(Path(root))
 
     @classmethod
