@@ -92,7 +92,7 @@ class Budget:
                 f"rank traces used their time (LAUNCH_RANK_TRACE_BUDGET)")
 
 
-def rank_traces(recipe: Path, trace_options: dict[str, Any], budget: Budget | None = None
+def rank_traces(recipe: Path, options: dict[str, Any], budget: Budget | None = None
                  ) -> Callable[[str, int, int, int, int], Memory | None]:
     """``Footprint.rank_memory_at`` for a traceable recipe: one rank of a sharded strategy traced
     at its world size (a fake process group; the rendered script's own wrapping), once per
@@ -111,7 +111,7 @@ def rank_traces(recipe: Path, trace_options: dict[str, Any], budget: Budget | No
         key = (strategy, world, replicas, accum > 1, reshard_after_forward)
 
         def trace(**whole: bool) -> None:
-            timeout = trace_options["timeout_s"]
+            timeout = options["timeout_s"]
             if budget is not None:
                 if budget.left < 5.0:  # not worth a child: the scaled figure stands
                     budget.skipped += 1
@@ -121,7 +121,7 @@ def rank_traces(recipe: Path, trace_options: dict[str, Any], budget: Budget | No
             started = time.monotonic()
             try:
                 traces[key] = trace_recipe(
-                    recipe, **{**trace_options, "grad_accum_steps": 2 if accum > 1 else 1,
+                    recipe, **{**options, "grad_accum_steps": 2 if accum > 1 else 1,
                                "timeout_s": timeout, **whole},
                     strategy={"name": strategy, "world_size": world, "replicas": replicas,
                               "reshard_after_forward": reshard_after_forward})

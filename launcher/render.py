@@ -135,8 +135,10 @@ def render_script(strategy: str) -> str:
     return _environment().get_template(template).render()
 
 
+@functools.cache
 def runtime_source() -> str:
-    """``launch_runtime.py``'s text: the same for every plan, so copied, not rendered."""
+    """``launch_runtime.py``'s text: the same for every plan, so copied, not rendered (read
+    once)."""
     source, _, _ = _environment().loader.get_source(_environment(), RUNTIME_NAME)
     return source
 

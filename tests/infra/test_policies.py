@@ -428,18 +428,10 @@ NOT_SETTINGS = {"launch_toml", "launcher_policy_arn", "github_actions_role_arn",
 
 
 def _vertex_setting_keys() -> set[str]:
-    """The keys VertexProvider.from_settings reads (``settings.get("...")``)."""
-    import ast
-    import inspect
-    import textwrap
+    """The keys Vertex's settings class declares (what ``VertexProvider.from_settings`` reads)."""
+    from launcher.providers.vertex import VertexSettings
 
-    from launcher.providers.vertex import VertexProvider
-
-    tree = ast.parse(textwrap.dedent(inspect.getsource(VertexProvider.from_settings)))
-    return {n.args[0].value for n in ast.walk(tree)
-            if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
-            and n.func.attr == "get" and isinstance(n.func.value, ast.Name)
-            and n.func.value.id == "settings" and n.args and isinstance(n.args[0], ast.Constant)}
+    return {f.name for f in dataclasses.fields(VertexSettings)}
 
 
 @pytest.mark.parametrize("cloud", ["aws", "gcp"])

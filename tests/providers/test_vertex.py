@@ -744,7 +744,7 @@ def test_cuda_oom_on_one_rank_of_a_multi_node_job_cancels_it_and_resubmits(
     code.mkdir()
     (code / "train.py").write_text(textwrap.dedent(TINY_RECIPE))
     spec = Spec(script=code / "train.py", mode="recipe", provider="vertex", max_attempts=3,
-                region=REGION, project=PROJECT, bucket=bucket)
+                region=REGION, bucket=bucket)
     run = Run.create(tmp_path / "state", "train", {"provider": "vertex", "spec": spec.to_dict()})
     provider = provider_for(fake, storage_emulator, bucket, "grpc")
     lines: list[str] = []
@@ -836,7 +836,7 @@ def test_a_forward_oom_whose_templates_line_the_stop_cut_off_is_still_read_as_ac
     code.mkdir()
     (code / "train.py").write_text(textwrap.dedent(TINY_RECIPE))
     spec = Spec(script=code / "train.py", mode="recipe", provider="vertex", max_attempts=2,
-                region=REGION, project=PROJECT, bucket=bucket)
+                region=REGION, bucket=bucket)
     run = Run.create(tmp_path / "state", "train", {"provider": "vertex", "spec": spec.to_dict()})
     provider = provider_for(fake, storage_emulator, bucket, "grpc")
     notes: list[str] = []
@@ -968,7 +968,7 @@ def flood_run(tmp_path: Path, bucket: str) -> tuple[Any, Any]:
     code.mkdir(exist_ok=True)
     (code / "train.py").write_text(textwrap.dedent(TINY_RECIPE))
     spec = Spec(script=code / "train.py", mode="recipe", provider="vertex", max_attempts=1,
-                region=REGION, project=PROJECT, bucket=bucket)
+                region=REGION, bucket=bucket)
     run = Run.create(tmp_path / "state", "train", {"provider": "vertex", "spec": spec.to_dict()})
     return spec, run
 
@@ -1374,7 +1374,7 @@ def test_end_to_end_the_staged_job_runs_on_two_nodes_ooms_and_resumes(
     code.mkdir()
     (code / "train.py").write_text(textwrap.dedent(OOM_AT_MICRO_BATCH_4))
     spec = Spec(script=code / "train.py", mode="recipe", provider="vertex", max_attempts=2,
-                checkpoint_every=1, region=REGION, project=PROJECT, bucket=bucket)
+                checkpoint_every=1, region=REGION, bucket=bucket)
     run = Run.create(tmp_path / "state", "train", {"provider": "vertex", "spec": spec.to_dict()})
     provider = provider_for(fake, storage_emulator, bucket, "grpc")
     lines: list[str] = []
