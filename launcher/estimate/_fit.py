@@ -192,7 +192,10 @@ def _align_sequences(ref: list, seqs: list[list]) -> tuple[int, list[list[tuple[
     bad: list[tuple[int, int]] = []
     opcodes = []
     for seq in seqs:
-        codes = SequenceMatcher(None, ref, seq, autojunk=False).get_opcodes()
+        # the same ops in the same order (the usual case at a size other than 1): one equal
+        # run, what the matcher returns for it, without its quadratic search
+        codes = ([("equal", 0, n, 0, n)] if n else []) if seq == ref else SequenceMatcher(
+            None, ref, seq, autojunk=False).get_opcodes()
         opcodes.append(codes)
         for tag, i1, i2, _, _ in codes:
             if tag != "equal":
