@@ -31,6 +31,7 @@ import click
 from launcher import __version__
 from launcher.cli_script import ScriptCommand
 from launcher.context import Environment
+from launcher.flags import Option, either
 from launcher.options import (
     CLOUDS,
     CONFIG_COMMANDS,
@@ -38,8 +39,7 @@ from launcher.options import (
     PLAN_ONLY,
     PLAN_OPTIONS,
     RUN_ONLY,
-    Option,
-    either,
+    check_provider_flags,
 )
 from launcher.providers import LOCAL
 from launcher.runner import Interrupted, RunInterrupted, Runner, RunResult, interrupt_status
@@ -611,7 +611,9 @@ def doctor_command(provider: str, as_json: bool, debug: bool, **options: Any) ->
     env = _env()
     # The config file, as main() loaded and checked it: s3_prefix, job_prefix ... are config
     # keys, not flags.
-    config = click.get_current_context().default_map or {}
+    ctx = click.get_current_context()
+    check_provider_flags({**options, "provider": provider}, _origins(ctx))
+    config = ctx.default_map or {}
     settings = {**config, **{k: v for k, v in options.items() if v is not None}}
     report = run_doctor(provider, settings, env.environ)
     print_report(report, env.stdout, as_json=as_json)

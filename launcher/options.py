@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import typing
+from typing import Any
 
 from launcher.flags import ConfigKey, Kind, Option, either, settings_flags, settings_kinds
 from launcher.providers import LOCAL, clouds, settings_class
@@ -37,7 +38,12 @@ def _cloud_options() -> tuple[Option, ...]:
         if settings is not None:
             for option in settings_flags(settings, _title(name)):
                 found.setdefault(option.flag, option)
+                OWNERS.setdefault(option.key, []).append(name)
     return tuple(found.values())
+
+
+#: A provider's own flag (``role``, ``project``) -> the providers whose settings declare it.
+OWNERS: dict[str, list[str]] = {}
 
 
 def _title(name: str) -> str:
@@ -53,6 +59,26 @@ def _title(name: str) -> str:
 #: Where a cloud job runs and as whom: `launch plan`, `launch run` and `launch doctor` take the
 #: same flags, gathered once here from the providers' settings.
 CLOUD_OPTIONS: tuple[Option, ...] = _cloud_options()
+
+
+def check_provider_flags(options: typing.Mapping[str, Any],
+                         origins: typing.Mapping[str, str] | None = None) -> None:
+    """A provider's own flag given on the command line for another provider (``--role`` with
+    ``--provider vertex``) is one usage line, not silently dropped. From the environment or a
+    config file it is let be: one ``launch.toml`` or shell may serve every cloud."""
+    from launcher.status import UsageError
+
+    provider = options.get("provider") or LOCAL
+    for key, owners in OWNERS.items():
+        flag = "--" + key.replace("_", "-")
+        if (options.get(key) is None or provider in owners
+                or (origins or {}).get(key, flag) != flag):
+            continue
+        theirs = either(tuple(_title(o) for o in owners))
+        own = [f"--{k.replace('_', '-')}" for k, o in OWNERS.items() if provider in o]
+        takes = f"; {provider} takes {either(tuple(own))}" if own else ""
+        raise UsageError(f"{flag} is a {theirs} setting, not one --provider {provider} takes",
+                         f"drop {flag}, or pass --provider {owners[0]}{takes}")
 
 #: The options of `launch plan` and `launch run`, in ``--help``'s order (after the SCRIPT).
 PLAN_OPTIONS: tuple[Option, ...] = (

@@ -26,7 +26,8 @@ from typing import Any
 from launcher import strategies
 from launcher.estimate.analytic import ATTENTION
 from launcher.estimate.footprint import OPTIMIZER_IMPLEMENTATIONS
-from launcher.options import ConfigKey, config_keys, option_keys
+from launcher.flags import ConfigKey
+from launcher.options import check_provider_flags, config_keys, option_keys
 from launcher.plan.plan import CHECKPOINTING, OPTIMIZERS, PRECISIONS
 from launcher.providers import LOCAL
 from launcher.providers import names as provider_names
@@ -463,6 +464,7 @@ def check_options(options: Mapping[str, Any], origins: Mapping[str, str] | None 
     fields = {f.name for f in dataclasses.fields(Spec)}
     _check_fields({k: v for k, v in options.items() if k in fields and v is not None},
                   lambda name: (origins or {}).get(name) or _flag(name))
+    check_provider_flags(options, origins)  # --role for Vertex: said, not dropped
 
 
 def _validate(spec: Spec, labels: Mapping[str, str] | None = None,

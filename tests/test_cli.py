@@ -377,3 +377,28 @@ def test_a_cloud_plan_without_a_request_is_no_gate_in_ci(cli, tiny_recipe):
                                                        "AWS_SECRET_ACCESS_KEY": "testing"})
     assert full.status == ExitStatus.SUCCESS, full.stderr
     assert full.json()["request"]["api"] == "sagemaker:CreateTrainingJob"
+
+
+def test_a_providers_own_flag_for_another_provider_is_one_usage_line(cli, tmp_path):
+    """``--role`` is SageMaker's setting (its settings class declares the flag): given on the
+    command line with Vertex, the local provider or `launch doctor --provider vertex` it is
+    refused with what the provider does take, not dropped; from the environment or a config
+    file, which may serve every cloud, it is let be."""
+    role = "arn:aws:iam::123456789012:role/X"
+    refused = cli("plan", "--params", "1B", "--provider", "vertex", "--role", role)
+    assert refused.status == ExitStatus.USAGE, refused.stderr
+    assert refused.stderr.count("\n") == 1 and "--role is a SageMaker setting" in refused.stderr
+    assert "vertex takes --project or --service-account" in refused.stderr
+    local = cli("plan", "--params", "1B", "--project", "my-project-1")
+    assert local.status == ExitStatus.USAGE and "--project is a Vertex AI setting" in local.stderr
+    assert "--provider vertex" in local.stderr
+    doctor = cli("doctor", "--provider", "vertex", "--role", role)
+    assert doctor.status == ExitStatus.USAGE and "--role is a SageMaker" in doctor.stderr
+    from_env = cli("plan", "--params", "1B", environ={"LAUNCH_ROLE": role})
+    assert from_env.status == ExitStatus.SUCCESS, from_env.stderr
+    (tmp_path / "launch.toml").write_text(f'role = "{role}"\nproject = "my-project-1"\n')
+    from_config = cli("plan", "--params", "1B")
+    assert from_config.status == ExitStatus.SUCCESS, from_config.stderr
+    own = cli("plan", "--params", "1B", "--provider", "sagemaker", "--role", role,
+              "--region", "us-east-1")
+    assert own.status == ExitStatus.SUCCESS, own.stderr
