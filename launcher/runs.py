@@ -26,14 +26,17 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from launcher.events import OomEvent
-from launcher.failures import Diagnosis
 from launcher.plan.plan import Plan
-from launcher.remedies import Failure
 from launcher.statefiles import StateWriteError, atomic_write, corrupt, read_state, write_json
 from launcher.status import JobState, UsageError
+
+if TYPE_CHECKING:  # imported where used: `launch runs` reads no diagnosis (the failures' rules
+    # compile at import, 45 ms)
+    from launcher.failures import Diagnosis
+    from launcher.remedies import Failure
 
 
 class Outcome(enum.StrEnum):
@@ -94,6 +97,8 @@ class Diagnosed:
     @classmethod
     def of(cls, diagnosis: Diagnosis, event: OomEvent | None = None) -> Diagnosed:
         fields_ = dict(event.fields) if event is not None else {}  # less "launch"
+        from launcher.failures import Diagnosis
+
         names = {f.name for f in fields(Diagnosis)}
         over = {k: v for k, v in fields_.items() if k in names}
         return cls(replace(diagnosis, **over) if over else diagnosis,
@@ -103,6 +108,8 @@ class Diagnosed:
     def failure(self) -> Failure:
         """The failure as the replanner reads it: ``Failure.of`` the record, its one reading
         (a field added to ``Failure`` is read here too)."""
+        from launcher.remedies import Failure
+
         return Failure.of(self.to_dict())
 
     def to_dict(self) -> dict[str, Any]:
@@ -110,6 +117,8 @@ class Diagnosed:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Diagnosed:
+        from launcher.failures import Diagnosis
+
         names = {f.name for f in fields(Diagnosis)}
         if not {"failure", "cause"} <= data.keys():
             raise TypeError("diagnosis lacks failure or cause")
