@@ -13,6 +13,8 @@ settings class and its catalog file, is read from its package without importing 
 from __future__ import annotations
 
 import importlib
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -95,6 +97,22 @@ def catalog_text(name: str) -> str | None:
     if entry.catalog is None:
         return None
     return resources.files(entry.module).joinpath(entry.catalog).read_text(encoding="utf-8")
+
+
+def lazy_names(package: str, modules: dict[str, tuple[str, ...]]) -> Callable[[str], Any]:
+    """A provider package's ``__getattr__`` (PEP 562): each name of ``modules`` (the package's
+    module -> the names it exports) imported from its module on first use, so that importing
+    the package for its settings class imports no client code."""
+    where = {name: module for module, listed in modules.items() for name in listed}
+
+    def __getattr__(name: str) -> Any:
+        if name not in where:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(f"{package}.{where[name]}"), name)
+        setattr(sys.modules[package], name, value)  # once: the next lookup finds it
+        return value
+
+    return __getattr__
 
 
 def get_provider(name: str, settings: dict[str, Any] | None = None,

@@ -14,29 +14,18 @@ names below are imported from their modules on first use.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
+from launcher.providers import lazy_names
 from launcher.providers.sagemaker.settings import SageMakerSettings
 
 #: This package's module -> the names imported from it on first use.
-_LAZY_FROM: dict[str, tuple[str, ...]] = {
+__getattr__ = lazy_names(__name__, {
     "logs": ("FILTER_PATTERN_MAX", "LOG_GROUP", "event_filter"),
     "package": ("BOOTSTRAP", "BOOTSTRAP_NAME", "PACKAGE_NAME", "CodePackage", "build_package"),
     "provider": ("CAPACITY_PATTERNS", "ENTRY_SHELL", "SageMakerProvider", "SageMakerRequest"),
     "settings": ("JOB_NAME", "job_name", "parse_timeout", "status_of"),
-}
-_LAZY = {name: module for module, names in _LAZY_FROM.items() for name in names}
+})
 
 __all__ = ["BOOTSTRAP", "BOOTSTRAP_NAME", "CAPACITY_PATTERNS", "CodePackage", "ENTRY_SHELL",
     "FILTER_PATTERN_MAX", "JOB_NAME", "LOG_GROUP", "PACKAGE_NAME", "SageMakerProvider",
     "SageMakerRequest", "SageMakerSettings", "build_package", "event_filter", "job_name",
     "parse_timeout", "status_of"]
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _LAZY:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
-    globals()[name] = value
-    return value

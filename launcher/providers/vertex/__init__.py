@@ -13,13 +13,11 @@ names below are imported from their modules on first use.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
+from launcher.providers import lazy_names
 from launcher.providers.vertex.settings import VertexSettings
 
 #: This package's module -> the names imported from it on first use.
-_LAZY_FROM: dict[str, tuple[str, ...]] = {
+__getattr__ = lazy_names(__name__, {
     "logs": ("EVENT_CATEGORIES", "EVENT_FIELDS", "LOG_PAGE_SIZE", "event_needles", "event_query"),
     "machines": ("ACCELERATORS", "MachineSpec", "machine_spec"),
     "names": ("DEFAULT_PREFIX", "DEFAULT_TIMEOUT_S", "STATES", "check_region", "console_url",
@@ -27,19 +25,10 @@ _LAZY_FROM: dict[str, tuple[str, ...]] = {
     "provider": ("BOOTSTRAP", "CAPACITY_PATTERNS", "DEFAULT_IMAGE", "VertexProvider",
                  "VertexRequest"),
     "timing": ("Timing",),
-}
-_LAZY = {name: module for module, names in _LAZY_FROM.items() for name in names}
+})
 
 __all__ = ["ACCELERATORS", "BOOTSTRAP", "CAPACITY_PATTERNS", "DEFAULT_IMAGE", "DEFAULT_PREFIX",
     "DEFAULT_TIMEOUT_S", "EVENT_CATEGORIES", "EVENT_FIELDS", "LOG_PAGE_SIZE", "MachineSpec",
     "STATES", "Timing", "VertexProvider", "VertexRequest", "VertexSettings", "check_region",
     "console_url", "event_needles", "event_query", "machine_spec", "parse_bucket",
     "parse_duration", "parse_job_name"]
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _LAZY:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
-    globals()[name] = value
-    return value
