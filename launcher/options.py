@@ -24,26 +24,23 @@ from launcher.strategies import NAMES as strategy_names
 CLOUDS = clouds()
 
 
-def _cloud_options() -> tuple[Option, ...]:
+def _cloud_options() -> tuple[tuple[Option, ...], dict[str, tuple[str, ...]]]:
     """Where a cloud job runs and as whom: the settings every cloud takes (``--region``,
     ``--bucket``), then each provider's own, as its settings class declares them
-    (``flags.flag()``: Vertex's ``--project``, SageMaker's ``--role``). A flag two providers
-    declare is one option (the first one's help)."""
+    (``flags.flag()``: Vertex's ``--project``, SageMaker's ``--role``), with whose each is. A
+    flag two providers declare is one option (the first one's help)."""
     found: dict[str, Option] = {o.flag: o for o in (
         Option("--region", "Cloud region.", envvar="LAUNCH_REGION"),
         Option("--bucket", "Bucket for code and checkpoints.", envvar="LAUNCH_BUCKET"),
     )}
+    owners: dict[str, tuple[str, ...]] = {}
     for name in CLOUDS:
         settings = settings_class(name)
         if settings is not None:
             for option in settings_flags(settings, _title(name)):
                 found.setdefault(option.flag, option)
-                OWNERS.setdefault(option.key, []).append(name)
-    return tuple(found.values())
-
-
-#: A provider's own flag (``role``, ``project``) -> the providers whose settings declare it.
-OWNERS: dict[str, list[str]] = {}
+                owners[option.key] = (*owners.get(option.key, ()), name)
+    return tuple(found.values()), owners
 
 
 def _title(name: str) -> str:
@@ -57,8 +54,9 @@ def _title(name: str) -> str:
 
 
 #: Where a cloud job runs and as whom: `launch plan`, `launch run` and `launch doctor` take the
-#: same flags, gathered once here from the providers' settings.
-CLOUD_OPTIONS: tuple[Option, ...] = _cloud_options()
+#: same flags, gathered once here from the providers' settings; ``OWNERS``: a provider's own
+#: flag (``role``, ``project``) -> the providers whose settings declare it.
+CLOUD_OPTIONS, OWNERS = _cloud_options()
 
 
 def check_provider_flags(options: typing.Mapping[str, Any],
@@ -79,6 +77,7 @@ def check_provider_flags(options: typing.Mapping[str, Any],
         takes = f"; {provider} takes {either(tuple(own))}" if own else ""
         raise UsageError(f"{flag} is a {theirs} setting, not one --provider {provider} takes",
                          f"drop {flag}, or pass --provider {owners[0]}{takes}")
+
 
 #: The options of `launch plan` and `launch run`, in ``--help``'s order (after the SCRIPT).
 PLAN_OPTIONS: tuple[Option, ...] = (

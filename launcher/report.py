@@ -105,7 +105,8 @@ def family(machine: str) -> str:
 
 
 def _gpu_kinds() -> dict[str, str]:
-    from launcher.plan.catalog import catalogued, load_catalog
+    from launcher.plan.catalog import load_catalog
+    from launcher.providers import catalogued
 
     if not _GPU_KINDS:
         for provider in catalogued():

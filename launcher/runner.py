@@ -549,17 +549,17 @@ class Runner:
 
     def machines(self, provider: str, gpu: str | None = None) -> list[Machine]:
         """The GPU machines of a cloud's catalog, only those with ``gpu`` when given."""
-        from launcher.plan.catalog import UnknownGpu, catalogued, load_catalog
-        from launcher.plan.catalog import gpu as gpu_type
+        from launcher.plan import catalog
+        from launcher.providers import catalogued
 
         if provider not in catalogued():
             raise UsageError(f"no machine catalog for provider {provider!r}",
                              f"use {' or '.join(f'--provider {p}' for p in catalogued())}")
-        machines = list(load_catalog(provider).machines)
+        machines = list(catalog.load_catalog(provider).machines)
         if gpu:
             try:
-                wanted = gpu_type(gpu).name
-            except UnknownGpu as exc:
+                wanted = catalog.gpu(gpu).name
+            except catalog.UnknownGpu as exc:
                 raise UsageError(str(exc)) from None
             machines = [m for m in machines if m.gpu == wanted]
         return machines

@@ -120,15 +120,9 @@ class Strategy:
     @property
     def providers(self) -> tuple[str, ...]:
         """The providers with a machine catalog it runs on (by name)."""
-        return tuple(p for p in _catalogued() if self.runs_on(p))
+        from launcher.providers import catalogued
 
-
-def _catalogued() -> tuple[str, ...]:
-    """The providers with a machine catalog, by name, from the provider registry (which imports
-    nothing above this module: ``plan.catalog``, which parses the catalogs, sits above it)."""
-    from launcher.providers import REGISTRY
-
-    return tuple(name for name, entry in REGISTRY.items() if entry.catalog)
+        return tuple(p for p in catalogued() if self.runs_on(p))
 
 
 def _offered(provider: str) -> tuple[str, ...]:

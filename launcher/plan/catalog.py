@@ -27,18 +27,11 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
-from launcher.providers import REGISTRY, catalog_text
+from launcher.providers import catalog_text, catalogued
 
 GiB = 1024**3
 #: The first CUDA compute capability with bf16 arithmetic (Ampere).
 BF16_COMPUTE_CAPABILITY = 8.0
-
-def catalogued() -> tuple[str, ...]:
-    """The providers with a machine catalog (their registry entry names one), in the registry's
-    order. A provider's catalog holds all this module knows about it: its machines, its name in
-    sentences (``display_name``) and its other spellings (``aliases``)."""
-    return tuple(name for name, entry in REGISTRY.items() if entry.catalog)
-
 
 class UnknownMachine(KeyError):
     """A machine name that is not in the catalog. The message suggests the closest names."""

@@ -61,6 +61,11 @@ def clouds() -> tuple[str, ...]:
     return tuple(name for name in REGISTRY if name != LOCAL)
 
 
+def catalogued() -> tuple[str, ...]:
+    """The providers with a machine catalog (their entry names one), in the registry's order."""
+    return tuple(name for name, entry in REGISTRY.items() if entry.catalog)
+
+
 def _entry(name: str) -> Registered:
     if name not in REGISTRY:
         if name in PLANNED:
