@@ -528,3 +528,17 @@ def test_contributings_recipe_on_the_toy_one_package_and_one_registry_line(tmp_p
          "print(default_image('toy', 'fsdp').shown)"],
         cwd=tmp_path, env=environ, capture_output=True, text=True, timeout=120)
     assert image.stdout.strip() == "toys/pytorch:2.8.0", image.stderr
+
+
+def test_no_two_options_of_a_command_share_a_flag() -> None:
+    """A provider's settings class declares its own flags: one that takes a name the commands
+    already have (``--image``, ``--region``) must fail here, not as click's error at every
+    `launch` start."""
+    from launcher.options import CONFIG_COMMANDS
+
+    for command, options in CONFIG_COMMANDS.items():
+        names = [name for o in options for name in o.flag.split("/")]
+        assert len(names) == len(set(names)), (command, sorted(n for n in names
+                                                                if names.count(n) > 1))
+        keys = [o.key for o in options]
+        assert len(keys) == len(set(keys)), command
