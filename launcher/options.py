@@ -16,7 +16,7 @@ import typing
 from typing import Any
 
 from launcher.flags import ConfigKey, Kind, Option, either, settings_flags, settings_kinds
-from launcher.providers import LOCAL, clouds, settings_class
+from launcher.providers import LOCAL, catalog_data, clouds, settings_class
 from launcher.providers import names as provider_names
 from launcher.strategies import NAMES as strategy_names
 
@@ -45,12 +45,7 @@ def _cloud_options() -> tuple[tuple[Option, ...], dict[str, tuple[str, ...]]]:
 
 def _title(name: str) -> str:
     """A provider's name in ``--help``: its catalog's ``display_name``, else its name."""
-    import json
-
-    from launcher.providers import catalog_text
-
-    text = catalog_text(name)
-    return str(json.loads(text).get("display_name") or name) if text else name
+    return str((catalog_data(name) or {}).get("display_name") or name)
 
 
 #: Where a cloud job runs and as whom: `launch plan`, `launch run` and `launch doctor` take the

@@ -30,8 +30,6 @@ child all import it.
 
 from __future__ import annotations
 
-import functools
-import json
 from dataclasses import dataclass
 from typing import Literal
 
@@ -54,7 +52,7 @@ class Strategy:
     #: The oldest torch (major, minor) its rendered script ran under (``providers/images.py``).
     oldest_torch: tuple[int, int]
     #: A provider's own library (SMP v2): it runs only on the providers whose catalog lists it
-    #: (``strategies`` in ``plan/catalogs/<provider>.json``); otherwise on every one (its
+    #: (``strategies`` in its provider's ``catalog.json``); otherwise on every one (its
     #: template runs in any PyTorch image).
     vendor: bool = False
     #: The image it needs beyond a stock PyTorch one (SMP v2: SageMaker's SMP container), as
@@ -128,19 +126,10 @@ class Strategy:
 def _offered(provider: str) -> tuple[str, ...]:
     """The vendor strategies ``provider`` offers: its machine catalog's ``strategies`` (where a
     provider says what it has); none without one."""
-    from launcher.providers import REGISTRY
+    from launcher.providers import REGISTRY, catalog_data
 
-    return _listed(provider, REGISTRY[provider]) if provider in REGISTRY else ()
-
-
-@functools.cache
-def _listed(provider: str, entry: object) -> tuple[str, ...]:
-    """``_offered``, read once per registry entry (the planner asks it for every candidate)."""
-    from launcher.providers import catalog_text
-
-    text = catalog_text(provider)
-    listed = (json.loads(text).get("strategies") or ()) if text else ()
-    return tuple(str(name) for name in listed)
+    data = catalog_data(provider) if provider in REGISTRY else None
+    return tuple(str(name) for name in (data or {}).get("strategies") or ())
 
 
 #: Every strategy, in the order ``--strategy`` lists them.

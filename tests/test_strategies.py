@@ -171,12 +171,11 @@ def test_a_registered_strategy_is_a_rung_of_the_unpinned_search_in_its_place(toy
 def test_a_vendor_strategy_runs_where_a_catalog_offers_it_and_nowhere_else() -> None:
     """SMP v2 is SageMaker's: its catalog's ``strategies`` says so, not a list in the strategy
     (a provider's place is its own, and a cloud's name is not written outside it)."""
-    import json
 
     from launcher import providers
 
-    offered = {name: json.loads(text).get("strategies", []) for name in providers.names()
-               if (text := providers.catalog_text(name)) is not None}
+    offered = {name: data.get("strategies", []) for name in providers.names()
+               if (data := providers.catalog_data(name)) is not None}
     assert set(offered) == {"vertex", "sagemaker"}
     assert any(offered.values())  # the rule is exercised
     for s in STRATEGIES.values():

@@ -9,7 +9,8 @@ in it, and a temporary folder of its own (its ``TMPDIR``): when the child is kil
 crash, the end of the CLI) so is everything that carries the token or descends from it, and the
 folder is removed. Between requests the child ends what its workers left itself (``_workers``). Its
 pipes are read with a deadline, never to their end: a process the user's code started may hold them.
-No torch here: the CLI imports this module. """
+No torch here: the CLI imports this module.
+"""
 
 from __future__ import annotations
 

@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
-from launcher.providers import catalog_text, catalogued
+from launcher import providers
+from launcher.providers import catalogued
 
 GiB = 1024**3
 #: The first CUDA compute capability with bf16 arithmetic (Ampere).
@@ -240,13 +241,11 @@ def _read_json(filename: str) -> dict[str, Any]:
     return json.loads(text)
 
 
-@functools.cache
 def catalog_data(provider: str) -> dict[str, Any]:
-    """The parsed catalog file of ``provider`` (a name with a catalog), read once."""
-    text = catalog_text(provider)
-    if text is None:
+    """The parsed catalog file of ``provider`` (a name with a catalog; the registry reads it)."""
+    data = providers.catalog_data(provider)
+    if data is None:
         raise ValueError(f"provider {provider!r} has no machine catalog")
-    data: dict[str, Any] = json.loads(text)
     return data
 
 

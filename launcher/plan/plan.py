@@ -8,6 +8,7 @@ file. Field names follow the JSON contract in the design brief, so ``to_dict()``
 from __future__ import annotations
 
 import dataclasses
+import functools
 import types
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -31,6 +32,14 @@ _KIND_WORDS: dict[Any, str] = {type(None): "null", bool: "true or false", int: "
                                float: "a finite number", str: "text"}
 
 
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    """``cls``'s field types, resolved once (every record read asks)."""
+    import typing
+
+    return typing.get_type_hints(cls)
+
+
 def _typed(cls: type, data: dict[str, Any], prefix: str) -> dict[str, Any]:
     """``data``'s values for ``cls``'s fields (others dropped), each checked against the field's
     type as JSON gives it: an int is no bool, a float may be an int but is finite, a ``Literal``
@@ -38,7 +47,7 @@ def _typed(cls: type, data: dict[str, Any], prefix: str) -> dict[str, Any]:
     import math
     import typing
 
-    hints = typing.get_type_hints(cls)
+    hints = _hints(cls)
     values = {}
     for f in dataclasses.fields(cls):
         if f.name not in data:

@@ -12,7 +12,9 @@ settings class and its catalog file, is read from its package without importing 
 
 from __future__ import annotations
 
+import functools
 import importlib
+import json
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -94,14 +96,21 @@ def settings_class(name: str) -> type | None:
     return found
 
 
-def catalog_text(name: str) -> str | None:
-    """The text of the machine catalog of the provider called ``name``, None if it has none."""
+def catalog_data(name: str) -> dict[str, Any] | None:
+    """The parsed machine catalog of the provider called ``name``, None if it has none: read
+    once per registry entry, and the one reader of the file (the flags' titles, the vendor
+    strategies, the images and ``plan.catalog``'s machines all ask here). Not to be changed."""
+    entry = _entry(name)
+    return None if entry.catalog is None else _parsed(entry.module, entry.catalog)
+
+
+@functools.cache
+def _parsed(module: str, file: str) -> dict[str, Any]:
     from importlib import resources
 
-    entry = _entry(name)
-    if entry.catalog is None:
-        return None
-    return resources.files(entry.module).joinpath(entry.catalog).read_text(encoding="utf-8")
+    found: dict[str, Any] = json.loads(
+        resources.files(module).joinpath(file).read_text(encoding="utf-8"))
+    return found
 
 
 def lazy_names(package: str, modules: dict[str, tuple[str, ...]]) -> Callable[[str], Any]:

@@ -55,7 +55,7 @@ def vertex_accelerator_types() -> set[str]:
 def raw(provider_or_file: str) -> dict:
     """A provider's catalog as its package holds it, or a file of ``plan/catalogs/``."""
     if not provider_or_file.endswith(".json"):
-        return json.loads(providers.catalog_text(provider_or_file) or "null")
+        return providers.catalog_data(provider_or_file)
     folder = resources.files("launcher.plan").joinpath("catalogs")
     return json.loads(folder.joinpath(provider_or_file).read_text(encoding="utf-8"))
 
