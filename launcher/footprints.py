@@ -96,19 +96,30 @@ def rank_traces(recipe: Path, options: dict[str, Any], budget: Budget | None = N
                  ) -> Callable[[str, int, int, int, int], Memory | None]:
     """``Footprint.rank_memory_at`` for a traceable recipe: one rank of a sharded strategy traced
     at its world size (a fake process group; the rendered script's own wrapping), once per
-    strategy, world size and side of accumulation (a trace answers every micro-batch). A trace
-    that fails or runs out of time answers None: the planner keeps its scaled estimate."""
+    strategy, world size, side of accumulation and the micro-batches traced. A trace that fails
+    or runs out of time answers None: the planner keeps its scaled estimate.
+
+    A rank is traced at the micro-batch the planner asks about and at half of it, not at the
+    sizes a line is fitted through: the planner asks a rank about the plan it is about to take
+    (or one near capacity), and when that rank does not fit, about the next smaller
+    micro-batch of the same rung (a divisor of the batch: half of it, where the batch is a
+    power of two). Each answer is its own size's record, its allocator replayed at that size;
+    at micro-batch 1 (the last of a rung) one size, its two depths in two processes
+    (``traced._forking``): about half the time of the three sizes a fit needs."""
     from launcher.estimate.trace_result import ScaledTrace
     from launcher.estimate.traced import TraceError, trace_recipe
 
-    traces: dict[tuple[str, int, int, bool, bool], Any] = {}
-    whole: set[tuple[str, int, int, bool, bool]] = set()  # traced whole, or tried
+    Key = tuple[str, int, int, bool, bool, tuple[int, ...]]
+    traces: dict[Key, Any] = {}
+    whole: set[Key] = set()  # traced whole, or tried
 
     def rank_memory_at(strategy: str, nodes: int, gpus: int, micro: int, accum: int,
                        reshard_after_forward: bool = True) -> Memory | None:
         world = nodes * gpus
         replicas = strategies.get(strategy).replicas(nodes)  # a shard group per node
-        key = (strategy, world, replicas, accum > 1, reshard_after_forward)
+        rank = (strategy, world, replicas, accum > 1, reshard_after_forward)
+        sizes = (micro,) if micro == 1 else (micro // 2, micro)
+        key = next((k for k in traces if k[:5] == rank and micro in k[5]), (*rank, sizes))
 
         def trace(**whole: bool) -> None:
             timeout = options["timeout_s"]
@@ -122,6 +133,7 @@ def rank_traces(recipe: Path, options: dict[str, Any], budget: Budget | None = N
             try:
                 traces[key] = trace_recipe(
                     recipe, **{**options, "grad_accum_steps": 2 if accum > 1 else 1,
+                               "micro_batch_sizes": key[5], "verify_sizes": (),
                                "timeout_s": timeout, **whole},
                     strategy={"name": strategy, "world_size": world, "replicas": replicas,
                               "reshard_after_forward": reshard_after_forward})

@@ -47,7 +47,9 @@ def test_a_scaled_rank_whose_peak_moved_between_depths_is_traced_whole(tmp_path:
                "activation_checkpointing": True, "device": "cuda"}
     hybrid = {"name": "hybrid_shard", "world_size": 4, "replicas": 2}
     scaled = trace_recipe(recipe, **options, strategy=hybrid)
-    whole = trace_recipe(recipe, **options, strategy=hybrid, scale_depth=False)
+    # at 8 and at half of it, as the planner traces a rank (rank_traces)
+    whole = trace_recipe(recipe, **{**options, "micro_batch_sizes": (4, 8)}, strategy=hybrid,
+                         scale_depth=False)
     assert scaled.moment_moved(8, 1) and not scaled.moment_moved(2, 1)
     assert scaled.peak_at(8, 1) > 1.1 * whole.peak_at(8, 1)
     assert rank_traces(recipe, dict(options))("hybrid_shard", 2, 2, 8, 1) == \
@@ -76,8 +78,10 @@ def test_rank_traces_share_one_budget_and_say_what_they_skipped(tmp_path: Path) 
     assert rank_memory_at("fsdp", 1, 2, 2, 1) is not None
     left = budget.left
     assert left < 1000.0 and budget.note() is None
-    rank_memory_at("fsdp", 1, 2, 4, 1)  # the same trace answers another micro-batch
+    rank_memory_at("fsdp", 1, 2, 1, 1)  # traced with 2: half of it, the rung's next try
     assert budget.left == left
+    rank_memory_at("fsdp", 1, 2, 4, 1)  # not traced yet: a trace of its own
+    assert budget.left < left
 
 
 NO_WRAP = """

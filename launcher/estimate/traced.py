@@ -114,11 +114,15 @@ def _forking(request: dict[str, Any], jobs: int) -> dict[str, Any]:
     """The request, asking the child to split it over two processes when that pays: the steady
     step at b0 (with step 1 and the optimizer) in one, the micro-batches of every other size in
     the other (the child forks once torch is imported). ``_finish`` joins their timelines as
-    one process would have made them."""
+    one process would have made them. A trace at one size (a rank of the plan the planner
+    sizes) has no other size to hand over: when it is depth-scaled, each of its two depths
+    goes to a process instead, and ``_finish`` joins them as the two depths of one trace."""
     b0 = _b0(request)
     others = [b for b in request["micro_batch_sizes"] + request["verify_sizes"] if b != b0]
-    if jobs < 2 or not others:
+    if jobs < 2:
         return request
+    if not others:
+        return {**request, "fork_depths": True} if request["scale_depth"] else request
     return {**request, "b0": b0, "fork_parts": True}
 
 
@@ -126,6 +130,8 @@ def _finish(answer: dict[str, Any], request: dict[str, Any], timeout_s: float,
             python: str) -> TraceResult:
     """One configuration's answer as a ``TraceResult``: joined if the child split it, scaled to
     the model's depth if it traced two depths. Raises the child's error as a ``TraceError``."""
+    if answer.get("ok") and "depths" in answer:
+        return _depths(answer["depths"], request, timeout_s, python)
     if not answer.get("ok") or "split" not in answer:
         return result_or_raise(answer, request)
     step, micro = answer["split"]
@@ -144,6 +150,32 @@ def _finish(answer: dict[str, Any], request: dict[str, Any], timeout_s: float,
                    "host_peak_rss_bytes": step["host_peak_rss_bytes"]
                    + micro["host_peak_rss_bytes"]}, step["blocks"])
 
+
+
+def _depths(parts: list[dict[str, Any]], request: dict[str, Any], timeout_s: float,
+            python: str) -> TraceResult:
+    """A trace split by depth (``_forking``): the two processes' depths, extrapolated as one
+    process's two would be; a model without a stack answered whole by both (either will do)."""
+    for part in parts:
+        if not part.get("ok"):
+            return result_or_raise(part, request)  # raises
+    shallow, deep = parts
+    if shallow.get("kind") != deep.get("kind") or "by_depth" not in shallow or (
+            "by_depth" not in deep):
+        if "by_depth" not in shallow and "by_depth" not in deep and (
+                shallow.get("kind") == deep.get("kind")):
+            return result_or_raise(shallow, request)  # no stack: both traced it whole
+        # one process fell back (data-dependent shapes, a truncated model that would not run)
+        # and the other did not: start over in one
+        return result_or_raise(run_child(request, timeout_s, python), request)
+    joined = {**shallow, "by_depth": {**shallow["by_depth"], **deep["by_depth"]},
+              "blocks": deep["blocks"], "notes": [*shallow.get("notes", []),
+                                                  *(n for n in deep.get("notes", [])
+                                                    if n not in shallow.get("notes", []))],
+              "wall_s": max(shallow["wall_s"], deep["wall_s"]),
+              "host_peak_rss_bytes": shallow["host_peak_rss_bytes"]
+              + deep["host_peak_rss_bytes"]}
+    return result_or_raise(joined, request)
 
 
 def _b0(request: dict[str, Any]) -> int:

@@ -122,6 +122,13 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runs]:
             for scaled in (True, False):
                 r.submit(f"deep_{name}_{scaled}", trace_recipe, deep, strategy=strategy,
                          scale_depth=scaled, **options, **common)
+        # One size (a rank the planner sizes): its two depths in two processes, and in one.
+        one = {**common, "micro_batch_sizes": (2,), "grad_accum_steps": 1}
+        for jobs in (2, 1):
+            r.submit(f"deep_one_size_jobs{jobs}", trace_recipe, deep,
+                     strategy={"name": "fsdp", "world_size": 4}, **{**one, "jobs": jobs})
+            r.submit(f"gpt_one_size_jobs{jobs}", trace_recipe, gpt, strategy=FSDP,
+                     **{**one, "jobs": jobs})
         r.submit("stack_foreach", _optimizer_phase, stack, True)
         r.submit("stack_forloop", _optimizer_phase, stack, False)
         yield r
@@ -185,6 +192,28 @@ def test_a_sharded_rank_scaled_from_four_and_six_blocks_is_the_whole_rank(
         phases = whole.phase_breakdowns_at(b)
         for phase, got in scaled.phase_breakdowns_at(b).items():
             assert sum(got.values()) == pytest.approx(sum(phases[phase].values()), abs=1024)
+
+
+def test_a_rank_traced_at_one_size_traces_its_two_depths_in_two_processes(runs: Runs) -> None:
+    """A trace at one micro-batch (the planner's rank of a plan) has no other size to hand to a
+    second process: each depth goes to one, and the two answers make the same trace as one
+    process makes; a model without a stack (the GPT here) is traced whole by both."""
+    request = traced._request("x.py", micro_batch_sizes=(2,), strategy=FSDP)
+    assert traced._forking(request, 2).get("fork_depths") is True
+    assert "fork_depths" not in traced._forking(request, 1)
+    assert "fork_depths" not in traced._forking(
+        traced._request("x.py", micro_batch_sizes=(2,), strategy=DDP), 2)  # traced whole
+    assert traced._forking(traced._request("x.py", strategy=FSDP), 2).get("fork_parts")
+    split, alone = runs["deep_one_size_jobs2"], runs["deep_one_size_jobs1"]
+    assert isinstance(split, ScaledTrace) and split.blocks["traced_depths"] == [4, 6]
+    assert split.memory_at(2, 1) == alone.memory_at(2, 1)
+    assert split.phase_breakdowns_at(2, 1) == alone.phase_breakdowns_at(2, 1)
+    assert split.allocator == alone.allocator
+    whole = runs["deep_fsdp_False"]
+    assert split.peak_at(2) == pytest.approx(whole.peak_at(2), abs=1024)
+    gpt_split, gpt_alone = runs["gpt_one_size_jobs2"], runs["gpt_one_size_jobs1"]
+    assert not isinstance(gpt_split, ScaledTrace)
+    assert gpt_split.memory_at(2, 1) == gpt_alone.memory_at(2, 1)
 
 
 def test_ddp_rank_is_traced_whole() -> None:

@@ -3,7 +3,8 @@
 The parent (``estimate.trace_process``) starts the child ahead of its requests; a prestarted
 child first answers the CLI's recipe probe (``action: probe``, what ``python -m launcher.recipe``
 would answer), then the trace requests: one configuration, a ``batch`` of them (torch imported
-once), or one split in two parts traced at once (``fork_parts``). This module owns the real
+once), or one split in two parts traced at once (``fork_parts``: the steady step and the other
+micro-batches; ``fork_depths``: the two depths of a block stack). This module owns the real
 stdout and hands every request that runs the user's code to worker processes (``_workers``);
 what a worker does with it (``work``) is the entry point's (``_trace_child._work``), passed in.
 """
@@ -70,10 +71,14 @@ def handle(request: dict[str, Any], work: Work) -> dict[str, Any]:
 
 def answer(request: dict[str, Any], work: Work) -> dict[str, Any]:
     """One configuration, in workers (``_workers``): its "step" and "micro" parts in two at once
-    when the parent asked for the split, else all of it in one."""
+    when the parent asked for that split, its two depths of a block stack in two at once when
+    it asked for that one (a trace at one micro-batch), else all of it in one."""
     if request.get("fork_parts"):
         parts = [{**request, "parts": [part], "fork_parts": False} for part in ("step", "micro")]
         return {"ok": True, "split": _workers.run_all(parts, work)}
+    if request.get("fork_depths"):
+        depths = [{**request, "depth_part": i, "fork_depths": False} for i in (0, 1)]
+        return {"ok": True, "depths": _workers.run_all(depths, work)}
     return _workers.run_all([request], work)[0]
 
 

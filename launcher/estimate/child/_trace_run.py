@@ -320,6 +320,9 @@ def _scaled_trace(request: dict[str, Any], recipe: ModuleType, mode: str,
     strategy = (request.get("strategy") or {}).get("name")
     scaled_rank = strategy is not None and strategies.get(strategy).rank_trace == "depth_scaled"
     shallow, deep = SHARDED_DEPTHS if scaled_rank else SCALED_DEPTHS
+    part = request.get("depth_part")
+    if part is not None:
+        return _one_depth(request, recipe, mode, notes, (shallow, deep)[part])
     try:
         # At depth 2 the step process (one full step) has less to do than the micro process
         # (two sizes): it takes the smallest size too, for even halves. A sharded rank's
@@ -344,6 +347,26 @@ def _scaled_trace(request: dict[str, Any], recipe: ModuleType, mode: str,
         "categories": second["categories"],
         **({"substituted": second["substituted"]} if second.get("substituted") else {}),
     }
+
+
+def _one_depth(request: dict[str, Any], recipe: ModuleType, mode: str, notes: list[str],
+               depth: int) -> dict[str, Any]:
+    """One of the two depths of ``_scaled_trace``, for a trace split over two processes by
+    depth (a trace at one micro-batch: ``traced._forking``); the parent joins the two answers'
+    ``by_depth``. A model without a stack answers its whole trace, as ``_scaled_trace`` does."""
+    try:
+        traced = _trace({**request, "depth": depth}, recipe, mode)
+    except BaseException as exc:  # noqa: BLE001
+        if _data_dependent(exc):
+            raise
+        notes.append(f"tracing {depth} blocks of the stack failed ({type(exc).__name__}): "
+                     "traced the whole model")
+        return _trace({**request, "depth": None}, recipe, mode)
+    if "blocks" not in traced:
+        return traced
+    return {"by_depth": {str(depth): traced}, "blocks": traced["blocks"],
+            "categories": traced["categories"],
+            **({"substituted": traced["substituted"]} if traced.get("substituted") else {})}
 
 
 def _foreach(optimizer: torch.optim.Optimizer, params: list[torch.Tensor]) -> bool | None:
