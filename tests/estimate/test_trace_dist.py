@@ -216,6 +216,57 @@ def test_a_rank_traced_at_one_size_traces_its_two_depths_in_two_processes(runs: 
     assert gpt_split.memory_at(2, 1) == gpt_alone.memory_at(2, 1)
 
 
+#: Ten blocks, one of them called again by name: a depth-scaled trace cuts the stack to 2
+#: blocks, where the fourth is not there, and to 4, where it is.
+CALLS_BLOCK_THREE = """
+import torch, torch.nn as nn, torch.nn.functional as F
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(64, 64)
+
+    def forward(self, x):
+        return x + self.fc(x)
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList(Block() for _ in range(10))
+        self.head = nn.Linear(64, 8)
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.blocks[3](x))
+
+def build_model():
+    return Net()
+
+def example_batch(batch_size):
+    return torch.randn(batch_size, 64), torch.randint(0, 8, (batch_size,))
+
+def training_step(model, batch):
+    x, y = batch
+    return F.cross_entropy(model(x), y)
+"""
+
+
+def test_depths_that_disagree_on_whether_the_model_runs_are_traced_again_in_one(
+        tmp_path: Path) -> None:
+    """One depth's process cannot run the cut model (it falls back to the whole model), the
+    other can: the two answers are not two depths of one trace, so the request is traced again
+    in one process, which falls back as a process tracing both depths does."""
+    recipe = tmp_path / "calls_three.py"
+    recipe.write_text(CALLS_BLOCK_THREE)
+    options = {"micro_batch_sizes": (2,), "device": "cpu", "timeout_s": 300}
+    split = trace_recipe(recipe, **options)
+    alone = trace_recipe(recipe, **options, jobs=1)
+    assert not isinstance(split, ScaledTrace) and not isinstance(alone, ScaledTrace)
+    assert any("traced the whole model" in n for n in split.notes), split.notes
+    assert split.memory_at(2) == alone.memory_at(2)
+
+
 def test_ddp_rank_is_traced_whole() -> None:
     """DDP's buckets are cut by size, not by block: its rank is never depth-scaled."""
     request = traced._request("x.py", micro_batch_sizes=(1,), strategy=DDP)
