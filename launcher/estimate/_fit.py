@@ -52,20 +52,26 @@ def fit(
 
     # --- exact values at every traced size (no fit) --------------------------------------
     def direct(b: int) -> tuple[tuple[np.ndarray, int, str], dict[int, list[float]]]:
-        """The peak at a traced size, and the peak of each phase (for depth scaling)."""
-        candidates: list[tuple[np.ndarray, int, str]] = [
-            (np.array(v, dtype=np.float64), p, "step") for p, v in fb[b]
-        ]
+        """The peak at a traced size, and the peak of each phase (for depth scaling): the first
+        point of largest total, over the size's own points, the optimizer phase's moved by its
+        boundary, and the build's and step 1's (one array: a 7B trace has thousands of
+        points, and summing each on its own was most of this function's time)."""
         shift = bound_at[b] - bound_at[b0]
         shift[-1] = 0.0  # scratch is per op, never carried
-        candidates += [(v + shift, 3, "step") for v in opt_points]
-        candidates += const_lines
-        best = max(candidates, key=lambda c: c[0].sum())
-        by_phase: dict[int, tuple[np.ndarray, int, str]] = {}
-        for c in candidates:
-            if c[1] not in by_phase or c[0].sum() > by_phase[c[1]][0].sum():
-                by_phase[c[1]] = c
-        return best, {ph: [float(x) for x in c[0]] for ph, c in by_phase.items()}
+        values = np.concatenate([
+            np.array([v for _, v in fb[b]], dtype=np.float64).reshape(-1, ncat),
+            opt_points + shift,
+            np.array([c[0] for c in const_lines], dtype=np.float64).reshape(-1, ncat)])
+        phase_of = [p for p, _ in fb[b]] + [3] * len(opt_points) + [c[1] for c in const_lines]
+        segment_of = ["step"] * (len(values) - len(const_lines)) + [c[2] for c in const_lines]
+        totals = values.sum(axis=1)
+        i = int(np.argmax(totals))
+        by_phase: dict[int, list[float]] = {}
+        phase_arr = np.array(phase_of)
+        for ph in dict.fromkeys(phase_of):  # in the order each phase first appears
+            where = np.flatnonzero(phase_arr == ph)
+            by_phase[ph] = [float(x) for x in values[where[int(np.argmax(totals[where]))]]]
+        return (values[i], phase_of[i], segment_of[i]), by_phase
 
     per_size = {}
     for b in sizes + verify:
