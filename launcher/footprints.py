@@ -158,6 +158,17 @@ def rank_traces(recipe: Path, options: dict[str, Any], budget: Budget | None = N
     return rank_memory_at
 
 
+def _stacked(options: dict[str, Any], trace: Any) -> bool:
+    """Whether a rank of the model traced as ``trace`` is depth-scaled: where the single device
+    was (its stack was found and cut). A rank trace that is depth-scaled runs its two depths in
+    two processes (``traced._forking``); a model without a stack would be traced whole by
+    both, so its rank is not asked to scale and its two halves are split as a single
+    device's are."""
+    from launcher.estimate.trace_result import ScaledTrace
+
+    return bool(options["scale_depth"]) and isinstance(trace, ScaledTrace)
+
+
 def traced(spec: Spec, info: ScriptInfo, precision: str, optimizer: str,
             variants: tuple[bool, ...], device: str, environ: dict[str, str],
             budget: Budget | None = None) -> dict[bool, Footprint | UsageError]:
@@ -213,7 +224,8 @@ def traced(spec: Spec, info: ScriptInfo, precision: str, optimizer: str,
             flops_per_sample=flops, note=note, phases_at=trace.phase_memories_at,
             rank_memory_at=rank_traces(spec.script, {
                 **options, "precision": precision, "optimizer": optimizer if pinned else None,
-                "activation_checkpointing": checkpointing, "device": device}, budget))
+                "activation_checkpointing": checkpointing, "device": device,
+                "scale_depth": _stacked(options, trace)}, budget))
     return out
 
 
@@ -256,8 +268,8 @@ def hf_traced(spec: Spec, shape: ModelShape, precision: str, optimizer: str,
                            phases_at=trace.phase_memories_at,
                            rank_memory_at=rank_traces(recipe, {
                                **options, "precision": precision, "optimizer": optimizer,
-                               "activation_checkpointing": checkpointing, "device": device},
-                               budget))
+                               "activation_checkpointing": checkpointing, "device": device,
+                               "scale_depth": _stacked(options, trace)}, budget))
     note = f"{failed['note']}: the estimate is analytic"
     return replace(analytic, note="; ".join(n for n in (note, analytic.note) if n))
 

@@ -114,15 +114,24 @@ def _forking(request: dict[str, Any], jobs: int) -> dict[str, Any]:
     """The request, asking the child to split it over two processes when that pays: the steady
     step at b0 (with step 1 and the optimizer) in one, the micro-batches of every other size in
     the other (the child forks once torch is imported). ``_finish`` joins their timelines as
-    one process would have made them. A trace at one size (a rank of the plan the planner
-    sizes) has no other size to hand over: when it is depth-scaled, each of its two depths
-    goes to a process instead, and ``_finish`` joins them as the two depths of one trace."""
+    one process would have made them.
+
+    A depth-scaled trace at one size has no other size to hand over, and a sharded rank's
+    halves split that way are uneven (its first optimizer step, DTensor's, is most of its
+    work: 4.6 against 2.0 s for the 7B at 8 ranks): each of the two depths goes to a process
+    instead (4 and 6 blocks, 2.8 and 3.2 s there), and ``_finish`` joins them as the two
+    depths of one trace. A single device's halves are evened out (``_trace_run.
+    _scaled_trace``); its depths, 2 and 4 blocks, would not be."""
     b0 = _b0(request)
     others = [b for b in request["micro_batch_sizes"] + request["verify_sizes"] if b != b0]
     if jobs < 2:
         return request
+    strategy = (request.get("strategy") or {}).get("name")
+    if request["scale_depth"] and (not others or strategy is not None and strategies.get(
+            strategy).rank_trace == "depth_scaled"):
+        return {**request, "b0": b0, "fork_depths": True}
     if not others:
-        return {**request, "fork_depths": True} if request["scale_depth"] else request
+        return request
     return {**request, "b0": b0, "fork_parts": True}
 
 

@@ -124,6 +124,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runs]:
                          scale_depth=scaled, **options, **common)
         # One size (a rank the planner sizes): its two depths in two processes, and in one.
         one = {**common, "micro_batch_sizes": (2,), "grad_accum_steps": 1}
+        r.submit("deep_fsdp_two_processes", trace_recipe, deep,
+                 strategy=DEEP_STRATEGIES["fsdp"][0], **DEEP_STRATEGIES["fsdp"][1],
+                 **{**common, "jobs": 2})
         for jobs in (2, 1):
             r.submit(f"deep_one_size_jobs{jobs}", trace_recipe, deep,
                      strategy={"name": "fsdp", "world_size": 4}, **{**one, "jobs": jobs})
@@ -194,16 +197,25 @@ def test_a_sharded_rank_scaled_from_four_and_six_blocks_is_the_whole_rank(
             assert sum(got.values()) == pytest.approx(sum(phases[phase].values()), abs=1024)
 
 
-def test_a_rank_traced_at_one_size_traces_its_two_depths_in_two_processes(runs: Runs) -> None:
-    """A trace at one micro-batch (the planner's rank of a plan) has no other size to hand to a
-    second process: each depth goes to one, and the two answers make the same trace as one
+def test_a_sharded_rank_traces_its_two_depths_in_two_processes(runs: Runs) -> None:
+    """A sharded rank's first optimizer step is most of its work, so its step and micro-batch
+    halves would be uneven; a trace at one micro-batch has no other size to hand over at all.
+    Each depth goes to a process of its own, and the two answers make the same trace as one
     process makes; a model without a stack (the GPT here) is traced whole by both."""
-    request = traced._request("x.py", micro_batch_sizes=(2,), strategy=FSDP)
-    assert traced._forking(request, 2).get("fork_depths") is True
-    assert "fork_depths" not in traced._forking(request, 1)
+    for sizes in ((2,), (1, 2, 4)):
+        request = traced._request("x.py", micro_batch_sizes=sizes, strategy=FSDP)
+        assert traced._forking(request, 2).get("fork_depths") is True
+        assert "fork_depths" not in traced._forking(request, 1)
     assert "fork_depths" not in traced._forking(
         traced._request("x.py", micro_batch_sizes=(2,), strategy=DDP), 2)  # traced whole
-    assert traced._forking(traced._request("x.py", strategy=FSDP), 2).get("fork_parts")
+    # a single device's halves are evened out: split into the steady step and the others
+    assert traced._forking(traced._request("x.py"), 2).get("fork_parts")
+    split, alone = runs["deep_fsdp_two_processes"], runs["deep_fsdp_True"]
+    assert isinstance(split, ScaledTrace) and split.blocks["traced_depths"] == [4, 6]
+    for b in (1, 2, 5):
+        assert split.memory_at(b, 1) == alone.memory_at(b, 1), b
+        assert split.phase_breakdowns_at(b, 1) == alone.phase_breakdowns_at(b, 1), b
+    assert split.allocator == alone.allocator
     split, alone = runs["deep_one_size_jobs2"], runs["deep_one_size_jobs1"]
     assert isinstance(split, ScaledTrace) and split.blocks["traced_depths"] == [4, 6]
     assert split.memory_at(2, 1) == alone.memory_at(2, 1)
