@@ -103,9 +103,9 @@ def rank_traces(recipe: Path, options: dict[str, Any], budget: Budget | None = N
     sizes a line is fitted through: the planner asks a rank about the plan it is about to take
     (or one near capacity), and when that rank does not fit, about the next smaller
     micro-batch of the same rung (a divisor of the batch: half of it, where the batch is a
-    power of two). Each answer is its own size's record, its allocator replayed at that size;
-    at micro-batch 1 (the last of a rung) one size, its two depths in two processes
-    (``traced._forking``): about half the time of the three sizes a fit needs."""
+    power of two). Each answer is its own size's record (at micro-batch 1, the last of a
+    rung, the only one); the allocator is replayed at the larger size, whose ratio the smaller
+    carries. The rank's two depths run in two processes (``traced._forking``)."""
     from launcher.estimate.trace_result import ScaledTrace
     from launcher.estimate.traced import TraceError, trace_recipe
 

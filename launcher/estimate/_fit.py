@@ -230,12 +230,14 @@ def _align_sequences(ref: list, seqs: list[list]) -> tuple[int, list[list[tuple[
 
 
 def _opcodes(ref: list, seq: list) -> list[tuple[str, int, int, int, int]]:
-    """``difflib.SequenceMatcher(None, ref, seq, autojunk=False).get_opcodes()``, with the
-    common head and tail of the two sequences taken as equal runs before the matcher searches
-    what is between them (its search is quadratic in what it is given: the op sequences of two
-    micro-batch sizes differ in a stretch of a few hundred ops of thousands, and the matcher
-    took 0.2 s on each pair of a 7B trace). Identical sequences, the usual case at a size
-    other than 1, are one equal run."""
+    """The opcodes that take ``ref`` to ``seq`` (difflib's form): the two sequences' common head
+    and tail as equal runs, and ``difflib.SequenceMatcher`` (autojunk off) on the stretch
+    between them. The matcher's search is quadratic in what it is given, and the op sequences
+    of two micro-batch sizes differ in a stretch of a few hundred ops of thousands (0.2 s a
+    pair for a 7B trace, given whole). Given whole, it can also pair ops across the head or
+    the tail where they repeat; both are alignments, and this one keeps the step's start with
+    its start and its end with its end (the same opcodes on every recorded pair of the 7B).
+    Identical sequences, the usual case at a size other than 1, are one equal run."""
     from difflib import SequenceMatcher
 
     n, m = len(ref), len(seq)

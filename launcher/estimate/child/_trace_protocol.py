@@ -72,7 +72,8 @@ def handle(request: dict[str, Any], work: Work) -> dict[str, Any]:
 def answer(request: dict[str, Any], work: Work) -> dict[str, Any]:
     """One configuration, in workers (``_workers``): its "step" and "micro" parts in two at once
     when the parent asked for that split, its two depths of a block stack in two at once when
-    it asked for that one (a trace at one micro-batch), else all of it in one."""
+    it asked for that one (a sharded rank, a trace at one micro-batch), else all of it in
+    one."""
     if request.get("fork_parts"):
         parts = [{**request, "parts": [part], "fork_parts": False} for part in ("step", "micro")]
         return {"ok": True, "split": _workers.run_all(parts, work)}

@@ -352,8 +352,9 @@ def _scaled_trace(request: dict[str, Any], recipe: ModuleType, mode: str,
 def _one_depth(request: dict[str, Any], recipe: ModuleType, mode: str, notes: list[str],
                depth: int) -> dict[str, Any]:
     """One of the two depths of ``_scaled_trace``, for a trace split over two processes by
-    depth (a trace at one micro-batch: ``traced._forking``); the parent joins the two answers'
-    ``by_depth``. A model without a stack answers its whole trace, as ``_scaled_trace`` does."""
+    depth (a sharded rank, or a trace at one micro-batch: ``traced._forking``); the parent
+    joins the two answers' ``by_depth``. A model without a stack answers its whole trace, as
+    ``_scaled_trace`` does."""
     try:
         traced = _trace({**request, "depth": depth}, recipe, mode)
     except BaseException as exc:  # noqa: BLE001
