@@ -230,8 +230,14 @@ def test_sagemaker_without_credentials_fails_within_two_seconds(
     environ = no_aws_credentials(monkeypatch, tmp_path, blackhole.getsockname()[1])
     start = time.monotonic()
     try:
-        report = run_doctor("sagemaker", {"region": "us-east-1", "bucket": "b-launch",
-                                          "role": "arn:aws:iam::123456789012:role/R"}, environ)
+        # The image is pinned: the default one is looked up with the SageMaker SDK, whose
+        # import alone takes 1.3-1.5 s on a slow 2-core VM, and what is timed here is the
+        # credential chain, which must not wait on an instance-metadata endpoint.
+        report = run_doctor("sagemaker", {
+            "region": "us-east-1", "bucket": "b-launch",
+            "role": "arn:aws:iam::123456789012:role/R",
+            "image": "763104351884.dkr.ecr.us-east-1.amazonaws.com/pytorch-training:2.5.1"},
+            environ)
     finally:
         blackhole.close()
     assert time.monotonic() - start < 2.0
