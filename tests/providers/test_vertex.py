@@ -1047,8 +1047,10 @@ def test_behind_reports_how_far_the_stream_trails_a_flood_and_none_once_caught_u
     """``behind``: the seconds of log still unread, from the paging state (a full page, more
     waiting); checked against what the fake holds and the reader has not yet had."""
     fake = quota_fake
+    # 3.5 s of flood: reads are paced at one a second, and a slow host (a 2-core VM, 2026-12-05)
+    # got one page in while a 2 s flood ran, where two are needed to see the lag grow.
     fake.script(state("JOB_STATE_RUNNING"),
-                flood(FLOOD_LINES_PER_S, FLOOD_RANKS, oom_at_s=None, hang_s=2.0))
+                flood(FLOOD_LINES_PER_S, FLOOD_RANKS, oom_at_s=None, hang_s=3.5))
     provider = VertexProvider.from_settings(
         {"project": PROJECT, "region": REGION, "bucket": bucket},
         flood_env(fake, storage_emulator))
