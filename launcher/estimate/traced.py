@@ -137,54 +137,39 @@ def _forking(request: dict[str, Any], jobs: int) -> dict[str, Any]:
 
 def _finish(answer: dict[str, Any], request: dict[str, Any], timeout_s: float,
             python: str) -> TraceResult:
-    """One configuration's answer as a ``TraceResult``: joined if the child split it, scaled to
-    the model's depth if it traced two depths. Raises the child's error as a ``TraceError``."""
-    if answer.get("ok") and "depths" in answer:
-        return _depths(answer["depths"], request, timeout_s, python)
-    if not answer.get("ok") or "split" not in answer:
+    """One configuration's answer as a ``TraceResult``: joined if the child split it (into the
+    steady step and the other sizes, or into its two depths), scaled to the model's depth if it
+    traced two depths. Raises the child's error as a ``TraceError``."""
+    parts = (answer.get("split") or answer.get("depths")) if answer.get("ok") else None
+    if not parts:
         return result_or_raise(answer, request)
-    step, micro = answer["split"]
-    for part in (step, micro):
-        if not part.get("ok"):
-            return result_or_raise(part, request)  # raises
-    if step.get("kind") != micro.get("kind") or ("by_depth" in step) != ("by_depth" in micro):
-        # one process fell back (data-dependent shapes, a truncated model that would not run)
-        # and the other did not: start over in one
-        return result_or_raise(run_child(request, timeout_s, python), request)
-    if "by_depth" not in step:
-        return result(join(step, micro), request)
-    steps, micros = per_depth(step), per_depth(micro)
-    return scale({d: result(join(steps[d], micros[d]), request) for d in steps},
-                  {"wall_s": max(step["wall_s"], micro["wall_s"]),
-                   "host_peak_rss_bytes": step["host_peak_rss_bytes"]
-                   + micro["host_peak_rss_bytes"]}, step["blocks"])
-
-
-
-def _depths(parts: list[dict[str, Any]], request: dict[str, Any], timeout_s: float,
-            python: str) -> TraceResult:
-    """A trace split by depth (``_forking``): the two processes' depths, extrapolated as one
-    process's two would be; a model without a stack answered whole by both (either will do)."""
     for part in parts:
         if not part.get("ok"):
             return result_or_raise(part, request)  # raises
-    shallow, deep = parts
-    if shallow.get("kind") != deep.get("kind") or "by_depth" not in shallow or (
-            "by_depth" not in deep):
-        if "by_depth" not in shallow and "by_depth" not in deep and (
-                shallow.get("kind") == deep.get("kind")):
-            return result_or_raise(shallow, request)  # no stack: both traced it whole
+    first, second = parts
+    if first.get("kind") != second.get("kind") or (
+            ("by_depth" in first) != ("by_depth" in second)):
         # one process fell back (data-dependent shapes, a truncated model that would not run)
         # and the other did not: start over in one
         return result_or_raise(run_child(request, timeout_s, python), request)
-    joined = {**shallow, "by_depth": {**shallow["by_depth"], **deep["by_depth"]},
-              "blocks": deep["blocks"], "notes": [*shallow.get("notes", []),
-                                                  *(n for n in deep.get("notes", [])
-                                                    if n not in shallow.get("notes", []))],
-              "wall_s": max(shallow["wall_s"], deep["wall_s"]),
-              "host_peak_rss_bytes": shallow["host_peak_rss_bytes"]
-              + deep["host_peak_rss_bytes"]}
-    return result_or_raise(joined, request)
+    wall = {"wall_s": max(first["wall_s"], second["wall_s"]),
+            "host_peak_rss_bytes": first["host_peak_rss_bytes"]
+            + second["host_peak_rss_bytes"]}
+    if "depths" in answer:
+        if "by_depth" not in first:
+            return result_or_raise(first, request)  # no stack: both traced it whole
+        # each process traced one depth: one answer of both, as one process makes it
+        return result_or_raise({
+            **first, **wall, "by_depth": {**first["by_depth"], **second["by_depth"]},
+            "blocks": second["blocks"],
+            "notes": [*first.get("notes", []),
+                      *(n for n in second.get("notes", []) if n not in first.get("notes", []))]},
+            request)
+    if "by_depth" not in first:
+        return result(join(first, second), request)
+    steps, micros = per_depth(first), per_depth(second)
+    return scale({d: result(join(steps[d], micros[d]), request) for d in steps}, wall,
+                 first["blocks"])
 
 
 def _b0(request: dict[str, Any]) -> int:

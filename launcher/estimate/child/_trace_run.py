@@ -320,54 +320,37 @@ def _scaled_trace(request: dict[str, Any], recipe: ModuleType, mode: str,
     strategy = (request.get("strategy") or {}).get("name")
     scaled_rank = strategy is not None and strategies.get(strategy).rank_trace == "depth_scaled"
     shallow, deep = SHARDED_DEPTHS if scaled_rank else SCALED_DEPTHS
+    # A trace split over two processes by depth (``traced._forking``) traces one of them here;
+    # the parent joins the two answers' ``by_depth``.
     part = request.get("depth_part")
-    if part is not None:
-        return _one_depth(request, recipe, mode, notes, (shallow, deep)[part])
+    depths = (shallow, deep) if part is None else ((shallow, deep)[part],)
+    traced: dict[str, dict[str, Any]] = {}
     try:
         # At depth 2 the step process (one full step) has less to do than the micro process
         # (two sizes): it takes the smallest size too, for even halves. A sharded rank's
         # first step at 4 and 6 blocks is already the longer half (the 7B at 8 ranks: 2.0
         # against 1.2 s; 1.7 against 1.5 with the size left to the micro process).
         sizes = sorted(set(request["micro_batch_sizes"]))
-        first = _trace({**request, "depth": shallow,
-                        "step_sizes": sizes[:1] if shallow == SCALED_DEPTHS[0] else []},
-                       recipe, mode)
-        if "blocks" not in first:
-            return first  # nothing to scale: that was the whole model
-        second = _trace({**request, "depth": deep}, recipe, mode)
+        for depth in depths:
+            answer = _trace({**request, "depth": depth,
+                             "step_sizes": sizes[:1] if depth == SCALED_DEPTHS[0] else []},
+                            recipe, mode)
+            if "blocks" not in answer:
+                return answer  # nothing to scale: that was the whole model
+            traced[str(depth)] = answer
     except BaseException as exc:  # noqa: BLE001
         if _data_dependent(exc):
             raise  # the caller's fallbacks (real run, bound) apply to the whole model
-        notes.append(f"tracing {shallow} and {deep} blocks of the stack failed "
+        notes.append(f"tracing {' and '.join(map(str, depths))} blocks of the stack failed "
                      f"({type(exc).__name__}): traced the whole model")
         return _trace({**request, "depth": None}, recipe, mode)
+    last = traced[str(depths[-1])]
     return {
-        "by_depth": {str(shallow): first, str(deep): second},
-        "blocks": second["blocks"],
-        "categories": second["categories"],
-        **({"substituted": second["substituted"]} if second.get("substituted") else {}),
+        "by_depth": traced,
+        "blocks": last["blocks"],
+        "categories": last["categories"],
+        **({"substituted": last["substituted"]} if last.get("substituted") else {}),
     }
-
-
-def _one_depth(request: dict[str, Any], recipe: ModuleType, mode: str, notes: list[str],
-               depth: int) -> dict[str, Any]:
-    """One of the two depths of ``_scaled_trace``, for a trace split over two processes by
-    depth (a sharded rank, or a trace at one micro-batch: ``traced._forking``); the parent
-    joins the two answers' ``by_depth``. A model without a stack answers its whole trace, as
-    ``_scaled_trace`` does."""
-    try:
-        traced = _trace({**request, "depth": depth}, recipe, mode)
-    except BaseException as exc:  # noqa: BLE001
-        if _data_dependent(exc):
-            raise
-        notes.append(f"tracing {depth} blocks of the stack failed ({type(exc).__name__}): "
-                     "traced the whole model")
-        return _trace({**request, "depth": None}, recipe, mode)
-    if "blocks" not in traced:
-        return traced
-    return {"by_depth": {str(depth): traced}, "blocks": traced["blocks"],
-            "categories": traced["categories"],
-            **({"substituted": traced["substituted"]} if traced.get("substituted") else {})}
 
 
 def _foreach(optimizer: torch.optim.Optimizer, params: list[torch.Tensor]) -> bool | None:
