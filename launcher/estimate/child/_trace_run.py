@@ -24,7 +24,7 @@ import torch
 
 from launcher import strategies
 from launcher.estimate._blocks import SCALED_DEPTHS, SHARDED_DEPTHS
-from launcher.estimate.child import _script
+from launcher.estimate.child import _fast_fake, _script
 from launcher.estimate.child._trace_step import (
     RecipeError,
     build,
@@ -178,6 +178,7 @@ def _trace(request: dict[str, Any], recipe: ModuleType, mode: str) -> dict[str, 
     if mode in ("fake", "bound"):
         _allow_fake_foreach()
         _fake_trunc_normal()
+        _fast_fake.install()
     probe = ScratchProbe(device) if request["device"] == device.type else None
     if request.get("probes") is False:
         probe = None
