@@ -28,21 +28,61 @@ Work = Callable[[dict[str, Any]], dict[str, Any]]
 def serve(work: Work, warm_up: Callable[[], None]) -> None:
     """Answer requests from stdin until its end. The protocol owns the real stdout; anything the
     user's code prints goes to stderr. ``warm_up`` runs first when ``LAUNCH_TRACE_WARM=1`` (the
-    child was started ahead of its request: the wait pays for the imports)."""
+    child was started ahead of its request: the wait pays for the imports), beside the
+    probe's worker when the probe is already waiting (``_warm_beside_probe``)."""
     protocol = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
     sys.stdout = sys.stderr
     _workers.prepare()  # before any op: this process forks the workers
+
+    def reply(answer: dict[str, Any]) -> None:
+        protocol.write(json.dumps(answer) + "\n")
+        protocol.flush()
+
     if os.environ.get("LAUNCH_TRACE_WARM") == "1":
-        warm_up()  # started ahead of its request: use the wait
-        _workers.mark_baseline()
+        def warm() -> None:
+            warm_up()
+            _workers.mark_baseline()  # it started no thread: the count it leaves is safe
+
+        first = _warm_beside_probe(work, warm)
+        if first is not None:
+            reply(first())
     # One JSON request per line, one answer line each, until end of input: a prestarted child
     # first loads the recipe for the CLI (``probe``), then traces it. A child started ahead
     # and never asked (the parent is gone, or did not need a trace) just reads the end.
     for line in sys.stdin:
         if line.strip():
-            protocol.write(json.dumps(handle(json.loads(line), work)) + "\n")
-            protocol.flush()
+            reply(handle(json.loads(line), work))
+
+
+def _warm_beside_probe(work: Work, warm: Callable[[], None]
+                       ) -> Callable[[], dict[str, Any]] | None:
+    """Warm up; and when the CLI's probe has already arrived (it is sent as the child starts,
+    and waits out torch's import), start its worker first: the recipe loads on one core while
+    the warm-up runs on the other, instead of after it (the 7B preflight's first four seconds
+    ran on one core). Returns what waits for the probe's answer, or None (no probe yet: it is
+    read and answered as any request)."""
+    import select
+
+    request = None
+    if select.select([sys.stdin], [], [], 0)[0]:
+        line = sys.stdin.readline()
+        request = json.loads(line) if line.strip() else None
+    if request is None or request.get("action") != "probe":
+        warm()
+        if request is None:
+            return None
+        answer = handle(request, work)
+        return lambda: answer
+    try:
+        _workers.preimport(request["script"])
+        answers = _workers.start([request], work)
+    except BaseException:  # noqa: BLE001 - answered the usual way, which reports it
+        warm()
+        answer = handle(request, work)
+        return lambda: answer
+    warm()  # in this process, beside the worker: it runs no user code
+    return lambda: answers()[0]
 
 
 def handle(request: dict[str, Any], work: Work) -> dict[str, Any]:

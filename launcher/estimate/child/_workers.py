@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import functools
 import importlib
 import importlib.util
 import json
@@ -185,21 +186,43 @@ def run_all(requests: list[dict[str, Any]], serve: Callable[[dict[str, Any]], di
     The intra-op threads are shared out among the workers (one each on two cores). A worker that
     dies without answering (a segfault, the OOM killer) is answered for, as a ``crash``.
     """
+    return start(requests, serve)()
+
+
+def start(requests: list[dict[str, Any]], serve: Callable[[dict[str, Any]], dict[str, Any]],
+          ) -> Callable[[], list[dict[str, Any]]]:
+    """``run_all``, in two halves: the workers start now, and the function returned waits for
+    their answers (and then ends what they left). Meanwhile this process may do work of its
+    own that runs no user code (the warm-up, while the probe's worker loads the recipe)."""
     threads = max(1, _State.threads // max(1, len(requests)))
     requests = [{**r, "threads": threads} for r in requests]
     # The answers' folder: under the child's own TMPDIR (the parent removes it with the child).
-    with tempfile.TemporaryDirectory(prefix="launch-answers-", ignore_cleanup_errors=True) as tmp:
-        files = [Path(tmp) / f"answer-{i}.json" for i in range(len(requests))]
+    folder = tempfile.TemporaryDirectory(prefix="launch-answers-", ignore_cleanup_errors=True)
+    files = [Path(folder.name) / f"answer-{i}.json" for i in range(len(requests))]
+    try:
+        if fork_safe():
+            children = _fork(requests, serve, files)
+            wait = functools.partial(_collect, children, files)
+        else:
+            procs = _spawn(requests, files)
+            wait = functools.partial(_reap, procs, files)
+    except BaseException:
+        end_leftovers()
+        folder.cleanup()
+        raise
+
+    def answers() -> list[dict[str, Any]]:
         try:
-            if fork_safe():
-                return _forked(requests, serve, files)
-            return _spawned(requests, files)
+            return wait()
         finally:
             end_leftovers()
+            folder.cleanup()
+
+    return answers
 
 
-def _forked(requests: list[dict[str, Any]], serve: Callable[[dict[str, Any]], dict[str, Any]],
-            files: list[Path]) -> list[dict[str, Any]]:
+def _fork(requests: list[dict[str, Any]], serve: Callable[[dict[str, Any]], dict[str, Any]],
+          files: list[Path]) -> list[int]:
     from launcher.processes import die_with_parent
 
     children = []
@@ -216,6 +239,10 @@ def _forked(requests: list[dict[str, Any]], serve: Callable[[dict[str, Any]], di
             finally:
                 os._exit(0)
         children.append(pid)
+    return children
+
+
+def _collect(children: list[int], files: list[Path]) -> list[dict[str, Any]]:
     answers = []
     for pid, answer_file in zip(children, files, strict=True):
         _, status = os.waitpid(pid, 0)  # the worker, not what it started
@@ -223,7 +250,7 @@ def _forked(requests: list[dict[str, Any]], serve: Callable[[dict[str, Any]], di
     return answers
 
 
-def _spawned(requests: list[dict[str, Any]], files: list[Path]) -> list[dict[str, Any]]:
+def _spawn(requests: list[dict[str, Any]], files: list[Path]) -> list[subprocess.Popen[str]]:
     """Workers as fresh interpreters (``python -m launcher.estimate.child._trace_child --worker
     ANSWER``), in this process's group: the parent's timeout kills them with it. What they
     print goes to this process's stderr."""
@@ -238,6 +265,10 @@ def _spawned(requests: list[dict[str, Any]], files: list[Path]) -> list[dict[str
         proc.stdin.write(json.dumps(request))
         proc.stdin.close()
         procs.append(proc)
+    return procs
+
+
+def _reap(procs: list[subprocess.Popen[str]], files: list[Path]) -> list[dict[str, Any]]:
     return [read_answer(answer_file, proc.wait())
             for proc, answer_file in zip(procs, files, strict=True)]
 
