@@ -21,7 +21,8 @@ from launcher.estimate.analytic import ModelShape
 from launcher.estimate.footprint import Footprint, from_shape
 from launcher.estimate.states import model_states
 from launcher.options import env_seconds, env_word
-from launcher.plan.plan import Memory
+from launcher.plan.plan import Memory, checkpointing_key
+from launcher.remedies import CHECKPOINTING_ORDER
 from launcher.script_info import ScriptInfo
 from launcher.spec import Spec
 from launcher.status import UsageError
@@ -51,6 +52,31 @@ def counted(info: ScriptInfo, precision: str, optimizer: str, checkpointing: boo
                      memory_at=memory_at, unit_parameters=info.unit_parameters,
                      flops_per_sample=info.flops_per_sample,
                      note="activations are not estimated yet: the plan checks model states only")
+
+
+def floor(info: ScriptInfo, precision: str, optimizer: str | None) -> Footprint | None:
+    """What a recipe's model states take at least, without a trace: its weights as built
+    (bf16 where the precision casts them), a gradient for every trained weight, and AdamW's two
+    moments when the optimizer is known to be AdamW (``optimizer``: None, the recipe's own,
+    counts none). Every byte of it is alive at a whole replica's optimizer step, so a rung that
+    shards nothing and overflows on this alone overflows traced; the planner rejects it
+    without tracing (``planner.plan_on``). None where the probe did not count the bytes."""
+    if info.parameters is None or info.parameter_bytes is None or info.trainable_bytes is None:
+        return None
+    weights, trained = info.parameter_bytes, info.trainable_bytes
+    if precision == "bf16":  # the templates cast floating weights to bf16: at most 2 B each
+        weights = min(weights, 2 * info.parameters)
+        trained = min(trained, 2 * (info.trainable_parameters or 0))
+    moments = 2 * trained if optimizer == "adamw" else 0
+
+    def memory_at(_micro: int, _accum: int = 1) -> Memory:
+        return Memory(parameters=weights, gradients=trained, optimizer=moments)
+
+    return Footprint(kind="traced", precision=precision, optimizer=optimizer or "adamw",
+                     activation_checkpointing=False, parameters=info.parameters,
+                     memory_at=memory_at, unit_parameters=info.unit_parameters,
+                     flops_per_sample=info.flops_per_sample,
+                     note="model states counted without a trace: a lower bound")
 
 
 #: The micro-batches every trace fits its lines through.
@@ -169,6 +195,15 @@ def _stacked(options: dict[str, Any], trace: Any) -> bool:
     return bool(options["scale_depth"]) and isinstance(trace, ScaledTrace)
 
 
+def optimizer_pinned(spec: Spec, info: ScriptInfo) -> bool:
+    """Whether the step runs the plan's optimizer, not the recipe's own: the templates use the
+    recipe's build_optimizer unless the optimizer is pinned, and so does the trace. A framework
+    script's own optimizer (the spec names it) is not a pin: the recipe made from what it built
+    rebuilds it with its settings (SGD's momentum)."""
+    return (spec.optimizer is not None and (spec.framework is None or "optimizer" in spec.pinned)
+            ) or "build_optimizer" not in info.hooks
+
+
 def traced(spec: Spec, info: ScriptInfo, precision: str, optimizer: str,
             variants: tuple[bool, ...], device: str, environ: dict[str, str],
             budget: Budget | None = None) -> dict[bool, Footprint | UsageError]:
@@ -182,11 +217,7 @@ def traced(spec: Spec, info: ScriptInfo, precision: str, optimizer: str,
     """
     from launcher.estimate.traced import TraceError, TraceTimeout, trace_recipe_configs
 
-    # The templates use the recipe's build_optimizer unless the optimizer is pinned: so does
-    # the trace. A framework script's own optimizer (the spec names it) is not a pin: the
-    # recipe made from what it built rebuilds it with its settings (SGD's momentum).
-    pinned = (spec.optimizer is not None and (spec.framework is None or "optimizer" in spec.pinned)
-              ) or "build_optimizer" not in info.hooks
+    pinned = optimizer_pinned(spec, info)
     options = trace_options(spec, environ, captured=info.framework_recipe is not None)
     timeout = options["timeout_s"]
     try:
@@ -286,10 +317,12 @@ class Footprints:
     checkpointing)`` is the script's footprint so, from what describes it best (``preflight``
     says which: ``shape`` and ``hf_trace`` for a config or ``--params``, ``trace`` for a recipe,
     else the counted parameters). Each answer is kept: the planner asks the same ones many
-    times. The traces of a recipe run without and with full checkpointing in one child (the
-    planner nearly always asks for both), selective with them when asked first, else in a child
-    of its own (its FLOPs are the plain variant's: cost.py adds the recomputation); a pinned mode
-    is the only one the planner asks for, so nothing else is traced."""
+    times. The traces of a recipe run without and with selective checkpointing in one child
+    (the next rung the ladder asks for after the plain step, on a replica or sharded), full
+    checkpointing with them when asked first, else in a child of its own (its FLOPs are the
+    plain variant's: cost.py adds the recomputation); a pinned mode is the only one the planner
+    asks for, so nothing else is traced. ``floor`` is a recipe's model states without a trace,
+    for the rungs they alone overflow."""
 
     def __init__(self, spec: Spec, info: ScriptInfo, *, traced_spec: Spec,
                  shape: ModelShape | None, source: str, hf_trace: bool, trace: bool,
@@ -323,7 +356,8 @@ class Footprints:
         key = (precision, optimizer)
         if key not in self._traced or checkpointing not in self._traced[key]:
             both = self.can_checkpoint and self.pinned is None and key not in self._traced
-            variants = tuple(dict.fromkeys(((False, True) if both else ()) + (checkpointing,)))
+            paired = (False, checkpointing_key(CHECKPOINTING_ORDER[1])) if both else ()
+            variants = tuple(dict.fromkeys(paired + (checkpointing,)))
             done = self._traced.setdefault(key, {})
             for v, fp in traced(self.traced_spec, self.info, precision, optimizer, variants,
                                 self.device, self.environ, self.budget).items():
@@ -336,3 +370,12 @@ class Footprints:
         if isinstance(footprint, UsageError):
             raise footprint
         return footprint
+
+    def floor(self, precision: str, optimizer: str) -> Footprint | None:
+        """The model states a traced recipe needs at least (``floor``), known without a trace;
+        None where the footprint costs no trace anyway (a shape, a config) or the probe did not
+        count them."""
+        if self.shape is not None or not self.trace:
+            return None
+        known = optimizer_pinned(self.traced_spec, self.info)
+        return floor(self.info, precision, optimizer if known else None)

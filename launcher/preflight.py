@@ -74,7 +74,7 @@ def preflight(spec: Spec, info: ScriptInfo, state_dir: Path | None = None,
     each other was rejected."""
     p = _planning(spec, info, state_dir, environ)
     result = plan(p.spec, p.footprints, p.targets, p.spec.provider, parameters=p.parameters,
-                  source=p.source, can_checkpoint=p.can_checkpoint)
+                  source=p.source, can_checkpoint=p.can_checkpoint, floor=p.footprints.floor)
     result.notes.extend(n for n in p.info.notes if n not in result.notes)
     if p.assumed:
         result.notes.insert(0, p.assumed)

@@ -117,6 +117,7 @@ def inspect_script(
         parameters=answer.get("parameters"),
         trainable_parameters=answer.get("trainable_parameters"),
         parameter_bytes=answer.get("parameter_bytes"), buffer_bytes=answer.get("buffer_bytes"),
+        trainable_bytes=answer.get("trainable_bytes"),
         wrap_modules=tuple(answer.get("wrap_modules") or ()), hardware=hardware,
         unit_parameters=answer.get("unit_parameters"),
         flops_per_sample=answer.get("flops_per_sample"),
@@ -334,6 +335,7 @@ def _probe(script: Path, count_flops: bool = True) -> dict[str, Any]:
     answer["parameters"] = sum(p.numel() for p in params)
     answer["trainable_parameters"] = sum(p.numel() for p in params if p.requires_grad)
     answer["parameter_bytes"] = sum(p.numel() * p.element_size() for p in params)
+    answer["trainable_bytes"] = sum(p.numel() * p.element_size() for p in params if p.requires_grad)
     answer["buffer_bytes"] = sum(b.numel() * b.element_size() for b in model.buffers())
     return answer
 

@@ -33,6 +33,8 @@ class ScriptInfo:
     trainable_parameters: int | None = None
     parameter_bytes: int | None = None
     buffer_bytes: int | None = None
+    #: The trained weights' bytes as built (their gradients' bytes, in the weights' dtypes).
+    trainable_bytes: int | None = None
     wrap_modules: tuple[str, ...] = ()
     unit_parameters: int | None = None
     flops_per_sample: float | None = None

@@ -4,6 +4,7 @@ without coming back into preflight."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -241,3 +242,54 @@ def test_the_plan_path_enters_preflight_once(tmp_path: Path, monkeypatch) -> Non
     assert entries({"script": recipe, "provider": "vertex", "params": 7_000_000_000,
                     "region": "us-central1"}) == ["preflight"]
 
+
+
+# -- the model states counted without a trace ---------------------------------------------------
+
+
+def _variant(tmp_path: Path, name: str, tail: str) -> Path:
+    path = tmp_path / name / "train.py"
+    path.parent.mkdir()
+    path.write_text(textwrap.dedent(GPT) + textwrap.dedent(tail))
+    return path
+
+
+def test_the_floor_is_never_above_the_traced_step_and_is_its_states_where_it_counts_them(
+        tmp_path: Path) -> None:
+    """``footprints.floor`` rejects rungs without a trace, so it must never exceed what the
+    trace finds: for the recipe as written (fp32 weights, the templates' AdamW) it is the
+    traced model states; for a model built in bf16 (which bf16_mixed does not
+    cast), a frozen embedding, or the recipe's own optimizer it counts less, never more.
+    (AdamW's step counters, a scalar per weight, are left out.)"""
+    from launcher.footprints import floor
+    from launcher.recipe import inspect_script
+
+    variants = {
+        "plain": "",
+        "built_bf16": "\n_build = build_model\ndef build_model():\n"
+                      "    torch.set_default_dtype(torch.bfloat16)\n    try:\n"
+                      "        return _build()\n    finally:\n"
+                      "        torch.set_default_dtype(torch.float32)\n",
+        "frozen": "\n_build = build_model\ndef build_model():\n    m = _build()\n"
+                  "    m.wte.weight.requires_grad_(False)\n    return m\n",
+        "own_sgd": "\ndef build_optimizer(params):\n"
+                   "    return torch.optim.SGD(params, lr=0.1, momentum=0.9)\n",
+    }
+    precisions = {"plain": ("fp32", "bf16"), "built_bf16": ("bf16_mixed",),
+                  "frozen": ("fp32",), "own_sgd": ("fp32",)}
+    for name, tail in variants.items():
+        path = _variant(tmp_path, name, tail)
+        info = inspect_script(path, count_flops=False)
+        known = "build_optimizer" not in info.hooks
+        for precision in precisions[name]:
+            lower = floor(info, precision, "adamw" if known else None)
+            assert lower is not None
+            states = lower.memory_at(1, 1).model_states
+            trace = trace_recipe(path, micro_batch_sizes=(1,), precision=precision,
+                                 device="cpu", timeout_s=120.0)
+            traced = trace.parameter_bytes + trace.gradient_bytes + trace.optimizer_state_bytes
+            assert states <= traced <= trace.peak_at(1), (name, precision)
+            if name == "plain" and precision != "bf16":  # all but AdamW's step counters
+                assert traced - states < 1e-3 * traced, precision
+    # a probe that could not count the bytes: no floor, the rung is traced as before
+    assert floor(dataclasses.replace(info, trainable_bytes=None), "fp32", "adamw") is None

@@ -26,8 +26,8 @@ that machine; without it, every machine of the provider's catalog is planned thi
 cheapest fitting plan wins: a priced machine before one without a price (an unpriced machine is
 chosen only when nothing priced fits, and a note says so), one machine before several, then the
 cost, then the fewest changes. Why the runner-up, a cheaper machine and a faster plan lost is a
-line each (``reasons.other_machines``); on SageMaker, SMP v2 is tried beside the chosen FSDP plan
-(``_beside``). Each rung below the chosen one becomes a
+line each (``reasons.other_machines``); on SageMaker, SMP v2 is tried beside the chosen FSDP plan,
+on its settings (``_beside``). Each rung below the chosen one becomes a
 rejected option with its numbers. Memory per GPU comes from a ``Footprint`` (single device, per
 micro-batch) scaled by the strategy, plus the GPU-side overheads (``plan/memory.py``).
 """
@@ -73,6 +73,9 @@ from launcher.status import ExitStatus, UsageError
 #: (precision, optimizer, activation checkpointing) -> the single-device footprint. Checkpointing
 #: is False, True (full) or "selective" (``plan.checkpointing_key``): False and True as before.
 Estimator = Callable[[str, str, bool | str], Footprint]
+#: (precision, optimizer) -> the model states the script needs at least, known without a trace
+#: (``Footprints.floor``), or None.
+Floor = Callable[[str, str], Footprint | None]
 
 
 @dataclass(frozen=True)
@@ -292,13 +295,15 @@ def _per_rank_pending(candidate: Plan, fp: Footprint | None = None) -> bool:
 
 def plan_on(spec: Spec, estimator: Estimator, target: Target, provider: str,
             can_checkpoint: bool, unsplit: list[Rejection] | None = None, exact: bool = False,
-            ) -> tuple[Plan | None, list[Plan], list[Plan]]:
+            floor: Floor | None = None) -> tuple[Plan | None, list[Plan], list[Plan]]:
     """(first fitting plan or None, every plan evaluated, the rungs' best tries that failed).
 
     A layout whose processes cannot split the global batch the user gave is not an error but
     a rejected option, added to ``unsplit`` (``plan`` decides whether that left anything).
     ``exact``: a sharded plan that fits is sized from one rank traced at its world size before
-    it is taken (``plan`` asks that of the machine it chooses only: a trace takes seconds)."""
+    it is taken (``plan`` asks that of the machine it chooses only: a trace takes seconds).
+    ``floor``: a rung that shards nothing and whose model states alone overflow by the count
+    made without a trace is rejected on it (its footprint is never asked for: no trace)."""
     given = spec
     gpus = spec.gpus_per_node or target.gpus
     if gpus > target.gpus:
@@ -327,6 +332,11 @@ def plan_on(spec: Spec, estimator: Estimator, target: Target, provider: str,
                 unsplit.append(Rejection(
                     option=f"{rung.label} on {rung.nodes} x {target.name}",
                     reason=f"{exc.message} ({exc.hint})"))
+            continue
+        states = _states_alone(spec, floor, precision, optimizer, target, rung, gpus, world)
+        if states is not None:
+            evaluated.append(states)
+            failed.append(states)
             continue
         try:
             fp = estimator(precision, optimizer, checkpointing_key(rung.checkpointing))
@@ -392,6 +402,23 @@ def plan_on(spec: Spec, estimator: Estimator, target: Target, provider: str,
     return None, evaluated, failed
 
 
+def _states_alone(spec: Spec, floor: Floor | None, precision: str, optimizer: str,
+                  target: Target, rung: Rung, gpus: int, world: int) -> Plan | None:
+    """The rung's first try from the model states counted without a trace (``floor``), when
+    the rung shards nothing and they alone overflow: every micro-batch would (the 7B on 40 GB
+    GPUs: 88 GiB of states under DDP, three traces it no longer waits for); else None."""
+    if floor is None or shard_degree(rung.strategy, rung.nodes, gpus) > 1:
+        return None
+    lower = floor(precision, optimizer)
+    micros = _micro_options(spec, world, rung.smaller_micro, rung.level)
+    if lower is None or not micros:
+        return None  # no count; or nothing to try on this rung (no smaller micro-batch)
+    micro = micros[0]
+    accum = spec.global_batch_size // (micro * world)
+    candidate = _evaluate(spec, lower, target, rung, gpus, micro, accum)
+    return candidate if candidate.fits is False and _states_overflow(candidate) else None
+
+
 def _states_overflow(candidate: Plan) -> bool:
     states = candidate.memory.model_states
     return states is not None and states > (candidate.memory.capacity or 0)
@@ -442,12 +469,13 @@ def _parallelism_notes(spec: Spec, provider: str, chosen: Plan | None) -> list[s
 
 
 def plan(spec: Spec, estimator: Estimator, targets: list[Target], provider: str, *,
-         parameters: int | None, source: str, can_checkpoint: bool) -> PlanResult:
+         parameters: int | None, source: str, can_checkpoint: bool,
+         floor: Floor | None = None) -> PlanResult:
     chosen: Plan | None = None
     failed_on_chosen: list[Plan] = []
     unsplit: list[Rejection] = []
-    searched = {t.name: plan_on(spec, estimator, t, provider, can_checkpoint, unsplit)
-                for t in targets}
+    searched = {t.name: plan_on(spec, estimator, t, provider, can_checkpoint, unsplit,
+                                floor=floor) for t in targets}
     # The machine that would be chosen is searched again with its sharded plans sized per rank
     # (exact); should that change the choice (the rank needs more than the estimate said), the
     # next machine is, until the choice stands on a rank's trace.
@@ -464,7 +492,7 @@ def plan(spec: Spec, estimator: Estimator, targets: list[Target], provider: str,
         exact.add(top.machine)
         target = next(t for t in targets if t.name == top.machine)
         searched[top.machine] = plan_on(spec, estimator, target, provider, can_checkpoint,
-                                        exact=True)
+                                        exact=True, floor=floor)
     all_plans: list[Plan] = [p for o in searched.values() for p in o[1]]
     if len(targets) == 1 and not options:
         failed_on_chosen = searched[targets[0].name][2]
@@ -494,7 +522,7 @@ def plan(spec: Spec, estimator: Estimator, targets: list[Target], provider: str,
     rejected = [*reasons.for_failed(failed_on_chosen, parameters), *rejected, *unsplit]
     if chosen is not None:
         rejected += reasons.alternatives(chosen, failed_on_chosen, provider)
-        for other in _beside(spec, estimator, targets, provider, chosen, can_checkpoint):
+        for other in _beside(spec, estimator, targets, provider, chosen):
             all_plans.append(other)
             rejected.append(reasons.beside(chosen, other))
         ranked = [o[0] for o in sorted(options, key=rank)]
@@ -555,38 +583,34 @@ def _rank(p: Plan, failed: list[Plan]) -> tuple[int, bool, bool, float, int]:
 
 
 def _beside(spec: Spec, estimator: Estimator, targets: list[Target], provider: str,
-            chosen: Plan, can_checkpoint: bool) -> list[Plan]:
+            chosen: Plan) -> list[Plan]:
     """The strategies shown beside the chosen plan (``Strategy.beside``: SageMaker's
-    model-parallel library, SMP v2, beside a chosen FSDP plan), each on the chosen layout, so
-    that the plan shows it with its numbers and says why it was not chosen
-    (``reasons.beside``). SMP v2's memory is its default configuration's: FSDP sharding within
-    a node (``hybrid_shard_degree`` = the GPUs of a node, ``Strategy.shard_degree``), no tensor
-    parallelism, no offloading. Each is tried at the chosen micro-batch and checkpointing, then
-    with full checkpointing when that does not fit; the closer of the two is shown. Nothing
-    where none is a candidate: another provider, a pinned strategy, a plan that does not shard."""
+    model-parallel library, SMP v2, beside a chosen FSDP plan), each on the chosen plan's own
+    settings (layout, micro-batch, accumulation, checkpointing), so that the plan shows it with
+    its numbers and says why it was not chosen (``reasons.beside``). SMP v2's memory is its
+    default configuration's: FSDP sharding within a node (``hybrid_shard_degree`` = the GPUs of
+    a node, ``Strategy.shard_degree``), no tensor parallelism, no offloading.
+
+    Like for like, and nothing more: a comparison on other settings (more checkpointing where
+    it does not fit) would weigh it against a plan the search did not choose, and, for a traced
+    recipe, cost a trace of its own (the 7B preflight's full-checkpointing trace, a sixth of
+    its time, was there only for this row). Nothing where none is a candidate: another
+    provider, a pinned strategy, a plan that does not shard."""
     if spec.strategy is not None or chosen.world_size < 2:
         return []
     target = next((t for t in targets if t.name == chosen.machine), None)
     if target is None:
         return []
-    pinned = pinned_checkpointing(spec)
-    modes = [chosen.checkpointing or "none"]
-    if pinned is None and can_checkpoint and modes[0] != "full":
-        modes.append("full")
+    mode = chosen.checkpointing or "none"
     shown = []
     for other in strategies.STRATEGIES.values():
         if chosen.strategy not in other.beside or not other.runs_on(provider):
             continue
-        tries = []
-        for mode in modes:
-            rung = Rung(SHARDING.level or 3, f"{other.name}{_CHECKPOINTED[mode]}", other.name,
-                        chosen.nodes, mode, False)
-            fp = estimator(chosen.precision, chosen.optimizer, checkpointing_key(mode))
-            tries.append(_evaluate(spec, fp, target, rung, chosen.gpus_per_node,
-                                   chosen.micro_batch_size, chosen.grad_accum_steps))
-            if tries[-1].fits:
-                break
-        shown.append(min(tries, key=lambda p: (not p.fits, p.memory.total or math.inf)))
+        rung = Rung(SHARDING.level or 3, f"{other.name}{_CHECKPOINTED[mode]}", other.name,
+                    chosen.nodes, mode, False)
+        fp = estimator(chosen.precision, chosen.optimizer, checkpointing_key(mode))
+        shown.append(_evaluate(spec, fp, target, rung, chosen.gpus_per_node,
+                               chosen.micro_batch_size, chosen.grad_accum_steps))
     return shown
 
 

@@ -317,6 +317,13 @@ def beside(chosen: Plan, shown: Plan) -> Rejection:
                     f"{format_bytes(m.model_states)} of model states per GPU where "
                     f"{chosen.strategy_label} over {chosen.world_size} holds "
                     f"{format_bytes(c.model_states)}; ")
+        elif (chosen.reduce_every_micro_step and not shown.reduce_every_micro_step
+              and m.gradients is not None and c.gradients is not None
+              and m.gradients > c.gradients):
+            held = (f"it holds the whole unsharded gradient ({format_bytes(m.gradients)}) "
+                    f"through the {shown.grad_accum_steps} micro-steps where "
+                    f"{chosen.strategy_label} reduce-scatters on every one "
+                    f"({format_bytes(c.gradients)}); ")
         return _rejection(option, f"{held}needs {format_bytes(m.total)} per GPU, more than the "
                           f"{usable} usable")
     if shown.fits:

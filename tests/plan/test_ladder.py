@@ -435,3 +435,58 @@ def test_a_remedy_s_plan_is_priced_for_what_it_changed():
     assert priced.total_cost_usd == pytest.approx(unchanged.total_cost_usd * RECOMPUTE["full"])
     assert priced.fits is True
     assert (priced.note, priced.checkpointing) == (fixed.note, "full")
+
+
+# -- rungs rejected on the model states counted without a trace ---------------------------------
+
+
+def test_replica_rungs_whose_counted_states_overflow_ask_for_no_footprint():
+    """1 GiB of fp32 AdamW states (16 B x 64M) on GPUs of 0.9 GiB usable: every DDP rung
+    overflows on them alone, so none asks the estimator (for a recipe, a trace each); FSDP over
+    8 holds 128 MiB of them and is planned from its footprint as before."""
+    asked: list[object] = []
+
+    def estimator(precision: str, optimizer: str, checkpointing: object) -> Footprint:
+        asked.append(checkpointing)
+        return _footprint(checkpointing, per_sample={False: GIB // 8, "selective": GIB // 16,
+                                                     True: GIB // 32})
+
+    def floor(precision: str, optimizer: str) -> Footprint:
+        return _footprint(False, per_sample={False: 0})
+
+    usable = 0.9 * GIB
+    target = Target(name="box", gpus=8, memory_bytes=round(usable / (1 - SAFETY_MARGIN)),
+                    cpu=True, fp32_tflops=100.0)
+    spec = Spec(script=Path("train.py"), mode="recipe", global_batch_size=16)
+    result = plan(spec, estimator, [target], "local", parameters=GIB // 16, source="traced",
+                  can_checkpoint=True, floor=floor)
+    assert result.chosen.strategy == "fsdp" and result.chosen.fits
+    ddp = [p for p in result.plans if p.strategy == "ddp"]
+    assert ddp and all(p.fits is False and p.memory.model_states == GIB for p in ddp)
+    assert set(asked) == {False}  # the sharded rung's only: no DDP checkpointing rung asked
+    reasons = [r for o, r in _rejected(result).items() if o.startswith("ddp")]
+    assert reasons and all("alone need 1.0 GiB" in r for r in reasons)
+    # the same search without the floor asks the estimator on the DDP rungs (and rejects them)
+    asked.clear()
+    unfloored = plan(spec, estimator, [target], "local", parameters=GIB // 16,
+                     source="traced", can_checkpoint=True)
+    assert unfloored.chosen == result.chosen
+    assert {"selective", True} <= set(asked)
+
+
+def test_a_floor_that_fits_leaves_the_replica_to_its_footprint():
+    """Model states that fit by the count say nothing about activations: the rung is planned
+    from its (traced) footprint, as without a floor."""
+    asked: list[object] = []
+
+    def estimator(precision: str, optimizer: str, checkpointing: object) -> Footprint:
+        asked.append(checkpointing)
+        return _footprint(checkpointing)
+
+    result = plan(Spec(script=Path("train.py"), mode="recipe", global_batch_size=1),
+                  estimator, [Target(name="box", gpus=1, memory_bytes=round(
+                      6 * GIB / (1 - SAFETY_MARGIN)), cpu=True, fp32_tflops=100.0)],
+                  "local", parameters=GIB // 16, source="traced", can_checkpoint=True,
+                  floor=lambda p, o: _footprint(False, per_sample={False: 0}))
+    assert result.chosen.checkpointing == "selective"  # as without a floor (above)
+    assert asked[:3] == [False, False, "selective"] and True not in asked  # no full tried

@@ -68,6 +68,24 @@ def test_the_seed_30b_gets_a_yes_bf16_mixed_and_smp_v2_beside_fsdp(cli):
     assert ("shard groups of one node" in reason) == (smp[0]["fits"] is False)
 
 
+def test_smp_v2_is_shown_on_the_chosen_plans_own_settings_with_why_it_does_not_fit(cli):
+    """Like for like: the chosen ZeRO-2 plan reduce-scatters on every micro-step; SMP v2 as
+    rendered holds the whole gradient through the accumulation, which the reason says, and it
+    is not searched on with more checkpointing (for a traced recipe that was a trace of its
+    own)."""
+    data = cli("plan", "--provider", "sagemaker", "--machine", "ml.p4d.24xlarge", "--params",
+               "7B", "--global-batch-size", "64", "--seq-len", "2048", "--json").json()
+    chosen = data["chosen"]
+    assert chosen["reduce_every_micro_step"] and chosen["grad_accum_steps"] > 1
+    (smp,) = [p for p in data["plans"] if p["strategy"] == "smp_v2"]
+    same = ("micro_batch_size", "grad_accum_steps", "checkpointing", "nodes", "gpus_per_node")
+    assert {k: smp[k] for k in same} == {k: chosen[k] for k in same}
+    assert smp["fits"] is False
+    reason = next(v for k, v in _rejected(data).items() if k.startswith("smp_v2"))
+    assert f"through the {chosen['grad_accum_steps']} micro-steps" in reason
+    assert "reduce-scatters on every one" in reason
+
+
 def test_no_smp_v2_off_sagemaker_nor_when_a_strategy_is_pinned(cli):
     vertex = cli("plan", "--provider", "vertex", "--machine", "a2-ultragpu-8g", "--nodes", "2",
                  "--params", "30B", "--json").json()
