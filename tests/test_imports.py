@@ -278,7 +278,7 @@ def test_the_allowlists_are_still_needed() -> None:
 #: for them): a module's parameter and buffer dicts, an op's schema and packet, a tensor's view
 #: flag, the SDPA kernels' aten ops. Checked by name, since the objects are function arguments.
 TORCH_PRIVATE_ATTRIBUTES = ("_parameters", "_buffers", "_is_view", "_schema", "_overloadpacket",
-                            "_opname", "_scaled_dot_product_")
+                            "_opname", "_scaled_dot_product_", "_has_symbolic_sizes_strides")
 
 
 def _own_private_names(tree: ast.Module) -> set[str]:

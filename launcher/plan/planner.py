@@ -73,8 +73,7 @@ from launcher.status import ExitStatus, UsageError
 #: (precision, optimizer, activation checkpointing) -> the single-device footprint. Checkpointing
 #: is False, True (full) or "selective" (``plan.checkpointing_key``): False and True as before.
 Estimator = Callable[[str, str, bool | str], Footprint]
-#: (precision, optimizer) -> the model states the script needs at least, known without a trace
-#: (``Footprints.floor``), or None.
+#: (precision, optimizer) -> the model states needed at least, without a trace, or None.
 Floor = Callable[[str, str], Footprint | None]
 
 
@@ -302,8 +301,7 @@ def plan_on(spec: Spec, estimator: Estimator, target: Target, provider: str,
     a rejected option, added to ``unsplit`` (``plan`` decides whether that left anything).
     ``exact``: a sharded plan that fits is sized from one rank traced at its world size before
     it is taken (``plan`` asks that of the machine it chooses only: a trace takes seconds).
-    ``floor``: a rung that shards nothing and whose model states alone overflow by the count
-    made without a trace is rejected on it (its footprint is never asked for: no trace)."""
+    ``floor``: a rung rejected on it is never asked for its footprint (``_states_alone``)."""
     given = spec
     gpus = spec.gpus_per_node or target.gpus
     if gpus > target.gpus:
@@ -404,19 +402,17 @@ def plan_on(spec: Spec, estimator: Estimator, target: Target, provider: str,
 
 def _states_alone(spec: Spec, floor: Floor | None, precision: str, optimizer: str,
                   target: Target, rung: Rung, gpus: int, world: int) -> Plan | None:
-    """The rung's first try from the model states counted without a trace (``floor``), when
-    the rung shards nothing and they alone overflow: every micro-batch would (the 7B on 40 GB
-    GPUs: 88 GiB of states under DDP, three traces it no longer waits for); else None."""
+    """The rung's first try from the model states counted without a trace (``floor``) when
+    the rung shards nothing and they alone overflow (so would every micro-batch); else None."""
     if floor is None or shard_degree(rung.strategy, rung.nodes, gpus) > 1:
         return None
-    lower = floor(precision, optimizer)
-    micros = _micro_options(spec, world, rung.smaller_micro, rung.level)
-    if lower is None or not micros:
-        return None  # no count; or nothing to try on this rung (no smaller micro-batch)
-    micro = micros[0]
-    accum = spec.global_batch_size // (micro * world)
-    candidate = _evaluate(spec, lower, target, rung, gpus, micro, accum)
-    return candidate if candidate.fits is False and _states_overflow(candidate) else None
+    lower, micros = floor(precision, optimizer), _micro_options(spec, world, rung.smaller_micro,
+                                                                rung.level)
+    if lower is None or not micros:  # no count; or no micro-batch to try on this rung
+        return None
+    tried = _evaluate(spec, lower, target, rung, gpus, micros[0],
+                      spec.global_batch_size // (micros[0] * world))
+    return tried if tried.fits is False and _states_overflow(tried) else None
 
 
 def _states_overflow(candidate: Plan) -> bool:
@@ -436,36 +432,6 @@ def one_process(spec: Spec) -> bool:
     """A captured plain script that runs no parallelism of its own: started N times, it would
     train N copies. It gets one process (one GPU)."""
     return bounded(spec) and REPLICATES not in (spec.script_parallelism or ())
-
-
-def _parallelism_notes(spec: Spec, provider: str, chosen: Plan | None) -> list[str]:
-    """What a plain script's own parallelism left out of the plan, and, when nothing fitted,
-    what the script would have to change: said, never pretended."""
-    if spec.script_parallelism is None:
-        return []
-    name = spec.script.name
-    own = spec.script_parallelism
-    if not spec.captured:  # described: planned as described, said where the source disagrees
-        if chosen is None or chosen.nodes * chosen.gpus_per_node == 1:
-            return []
-        needs = strategies.get(chosen.strategy).script_parallelism
-        if needs is None or needs in own:
-            return []
-        what = "shard its model (FSDP)" if needs == SHARDS else "run DDP"
-        return [f"{name} shows no code to {what}: the plan starts it as "
-                f"{chosen.nodes * chosen.gpus_per_node} processes (torchrun) as --params "
-                "describes it; as written it would train that many copies"]
-    notes = []
-    if one_process(spec):
-        notes.append(f"{name} runs one process (no DDP or FSDP of its own): planned on one GPU"
-                     + ("" if provider == LOCAL else
-                        "; machines of several GPUs are left out (the others would idle)"))
-    if chosen is None and SHARDS not in own:
-        notes.append(f"no single GPU holds this model and {name} does not shard it: to train "
-                     "it on several, it must wrap its model in FSDP (torch.distributed.fsdp."
-                     "fully_shard) and be started by torchrun; launch does not change the "
-                     "script's code")
-    return notes
 
 
 def plan(spec: Spec, estimator: Estimator, targets: list[Target], provider: str, *,
@@ -538,7 +504,7 @@ def plan(spec: Spec, estimator: Estimator, targets: list[Target], provider: str,
                    if spec.memory_limit and chosen.machine == "local-cpu"
                    else f"unknown: {', '.join(unknown)}")
             notes.append(f"whether the chosen plan fits is not certain ({why})")
-    notes += _parallelism_notes(spec, provider, chosen)
+    notes += reasons.parallelism_notes(spec, provider, chosen, one_process(spec))
     origins = dict(spec.origins)
     shown = chosen or (all_plans[0] if all_plans else None)
     target = next((t for t in targets if shown is not None and t.name == shown.machine), None)
@@ -584,18 +550,13 @@ def _rank(p: Plan, failed: list[Plan]) -> tuple[int, bool, bool, float, int]:
 
 def _beside(spec: Spec, estimator: Estimator, targets: list[Target], provider: str,
             chosen: Plan) -> list[Plan]:
-    """The strategies shown beside the chosen plan (``Strategy.beside``: SageMaker's
-    model-parallel library, SMP v2, beside a chosen FSDP plan), each on the chosen plan's own
-    settings (layout, micro-batch, accumulation, checkpointing), so that the plan shows it with
-    its numbers and says why it was not chosen (``reasons.beside``). SMP v2's memory is its
-    default configuration's: FSDP sharding within a node (``hybrid_shard_degree`` = the GPUs of
-    a node, ``Strategy.shard_degree``), no tensor parallelism, no offloading.
-
-    Like for like, and nothing more: a comparison on other settings (more checkpointing where
-    it does not fit) would weigh it against a plan the search did not choose, and, for a traced
-    recipe, cost a trace of its own (the 7B preflight's full-checkpointing trace, a sixth of
-    its time, was there only for this row). Nothing where none is a candidate: another
-    provider, a pinned strategy, a plan that does not shard."""
+    """The strategies shown beside the chosen plan (``Strategy.beside``: SMP v2 beside a chosen
+    FSDP plan), each on the chosen plan's own settings (layout, micro-batch, accumulation,
+    checkpointing) and nothing more: like for like, without a trace of its own (the 7B's
+    full-checkpointing trace, a sixth of its preflight, was there for this row only); why it
+    lost is ``reasons.beside``. SMP v2's memory is its default configuration's: FSDP within a
+    node (``Strategy.shard_degree``), no tensor parallelism, no offloading. Nothing where none
+    is a candidate: another provider, a pinned strategy, a plan that does not shard."""
     if spec.strategy is not None or chosen.world_size < 2:
         return []
     target = next((t for t in targets if t.name == chosen.machine), None)

@@ -16,7 +16,10 @@ from launcher.estimate.overheads import SAFETY_MARGIN
 from launcher.plan.catalog import data_parallel_library
 from launcher.plan.memory import Target
 from launcher.plan.plan import Plan
+from launcher.providers import LOCAL
 from launcher.remedies import CHECKPOINTING, checkpointing_label
+from launcher.script_info import SHARDS
+from launcher.spec import Spec
 from launcher.units import format_bytes, format_count
 
 
@@ -345,3 +348,35 @@ def unpriced_note(chosen: Plan, target: Target | None, searched: bool) -> str | 
                       else "it is the machine asked for")
     return (f"{chosen.machine} has no price in the catalog{why}: the plan's cost is unknown; "
             f"{chosen_because}")
+
+
+def parallelism_notes(spec: Spec, provider: str, chosen: Plan | None, one_process: bool
+                      ) -> list[str]:
+    """What a plain script's own parallelism left out of the plan, and, when nothing fitted,
+    what the script would have to change: said, never pretended. ``one_process``: the script
+    runs none of its own (``planner.one_process``)."""
+    if spec.script_parallelism is None:
+        return []
+    name = spec.script.name
+    own = spec.script_parallelism
+    if not spec.captured:  # described: planned as described, said where the source disagrees
+        if chosen is None or chosen.nodes * chosen.gpus_per_node == 1:
+            return []
+        needs = strategies.get(chosen.strategy).script_parallelism
+        if needs is None or needs in own:
+            return []
+        what = "shard its model (FSDP)" if needs == SHARDS else "run DDP"
+        return [f"{name} shows no code to {what}: the plan starts it as "
+                f"{chosen.nodes * chosen.gpus_per_node} processes (torchrun) as --params "
+                "describes it; as written it would train that many copies"]
+    notes = []
+    if one_process:
+        notes.append(f"{name} runs one process (no DDP or FSDP of its own): planned on one GPU"
+                     + ("" if provider == LOCAL else
+                        "; machines of several GPUs are left out (the others would idle)"))
+    if chosen is None and SHARDS not in own:
+        notes.append(f"no single GPU holds this model and {name} does not shard it: to train "
+                     "it on several, it must wrap its model in FSDP (torch.distributed.fsdp."
+                     "fully_shard) and be started by torchrun; launch does not change the "
+                     "script's code")
+    return notes

@@ -80,3 +80,29 @@ def test_a_first_request_that_is_not_a_probe_is_answered_after_the_warm_up(
     first = _trace_protocol._warm_beside_probe(work, lambda: order.append("warm"))
     assert order == ["warm"]
     assert first is not None and first() == {"ok": True, "action": "measure"}
+
+
+def test_a_ranks_workers_are_forked_with_the_sharding_machinery_imported(tmp_path: Path) -> None:
+    """FSDP2, DTensor and the fake process group are imported by the child before it forks a
+    rank's workers (each of them would import it again, at every rank traced), and only for a
+    rank: a single device's workers are forked without them."""
+    import subprocess
+
+    recipe = tmp_path / "train.py"
+    recipe.write_text("")
+    code = f"""
+import json, sys
+from launcher.estimate.child import _trace_protocol, _workers
+_workers.prepare()
+def work(request):
+    return {{"ok": True, "fsdp": "torch.distributed.fsdp" in sys.modules}}
+plain = _trace_protocol.handle({{"recipe_file": {str(recipe)!r}}}, work)
+rank = _trace_protocol.handle({{"recipe_file": {str(recipe)!r},
+                                "strategy": {{"name": "fsdp", "world_size": 8}}}}, work)
+print(json.dumps([plain, rank]))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, check=True)
+    plain, rank = json.loads(out.stdout.strip().splitlines()[-1])
+    assert plain == {"ok": True, "fsdp": False}
+    assert rank == {"ok": True, "fsdp": True}

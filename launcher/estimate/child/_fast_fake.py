@@ -36,12 +36,12 @@ def install() -> bool:
     from the one it reproduces (PyTorch's own key stays)."""
     from torch._subclasses import fake_tensor as ft
 
-    mode = ft.FakeTensorMode
-    if getattr(mode._prep_args_for_hash, "_launch_fast", False):
+    if getattr(ft.FakeTensorMode._prep_args_for_hash, "_launch_fast", False):
         return True
     if tuple(f.name for f in dataclasses.fields(ft.TensorMetadata)) != _FIELDS:
         return False
-    mode._prep_args_for_hash = fast_prep(mode._prep_args_for_hash)  # type: ignore[method-assign]
+    ft.FakeTensorMode._prep_args_for_hash = fast_prep(  # type: ignore[method-assign]
+        ft.FakeTensorMode._prep_args_for_hash)
     return True
 
 

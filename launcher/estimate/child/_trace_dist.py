@@ -44,6 +44,16 @@ def _no_modes() -> contextlib.AbstractContextManager:
     return _disable_current_modes()
 
 
+def preimport() -> None:
+    """Import what a rank's trace imports first (the fake process group, FSDP2, DTensor: about
+    half a second): the trace child calls this before it forks a rank's workers, which then
+    share it, instead of each of the two paying it, at every rank the planner asks for."""
+    import torch.distributed  # noqa: F401
+    import torch.distributed.fsdp  # noqa: F401
+    import torch.distributed.tensor  # noqa: F401
+    from torch.testing._internal.distributed import fake_pg  # noqa: F401
+
+
 def is_fake_world() -> bool:
     import torch.distributed as dist
 

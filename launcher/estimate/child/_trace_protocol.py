@@ -93,6 +93,10 @@ def handle(request: dict[str, Any], work: Work) -> dict[str, Any]:
             (item.get("recipe_file") for item in request.get("batch", ())), None)
         if recipe_file:
             _workers.preimport(recipe_file)
+        if request.get("strategy") or any(i.get("strategy") for i in request.get("batch", ())):
+            from launcher.estimate.child import _trace_dist
+
+            _trace_dist.preimport()  # starts no thread: the workers are still forked
         if request.get("action") == "probe":
             return _workers.run_all([request], work)[0]
         if "batch" in request:
