@@ -106,6 +106,35 @@ def _fake_trunc_normal() -> None:
     init._no_grad_trunc_normal_ = trunc_normal
 
 
+def _fake_swap() -> None:
+    """A recipe that casts or moves its own model (``model.to(torch.bfloat16)``, ``.half()``,
+    ``.to(device)`` in ``build_model``, as many do) failed to trace: ``Module._apply`` always
+    swaps a fake parameter for its converted copy (``torch.utils.swap_tensors``), which refuses
+    a tensor with a weak reference, and every fake ``Parameter`` has one (the fake mode's memo).
+    Where it would refuse, the parameter takes the converted data instead (``.data =``: what
+    ``Module.to`` does with real tensors, and ``_trace_step._fake_to`` with the templates'
+    own cast): the same object, the new dtype and device. Real tensors, and swaps it allows,
+    are untouched."""
+    import weakref
+
+    import torch.utils
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    real = torch.utils.swap_tensors
+    if getattr(real, "_launch_fake_aware", False):
+        return
+
+    def swap_tensors(t1: torch.Tensor, t2: torch.Tensor) -> None:
+        if isinstance(t1, FakeTensor) and isinstance(t2, FakeTensor) and weakref.getweakrefs(t1):
+            with torch.no_grad():
+                t1.data = t2.detach()
+            return
+        real(t1, t2)
+
+    swap_tensors._launch_fake_aware = True  # type: ignore[attr-defined]
+    torch.utils.swap_tensors = swap_tensors
+
+
 def _fake_grouped_mm() -> None:
     """transformers' mixture-of-experts layers (Mixtral, Qwen2-MoE...) call torch's grouped_mm,
     whose meta kernel (what fake tensors run) accepts only bf16 where the real kernels take fp32
@@ -178,6 +207,7 @@ def _trace(request: dict[str, Any], recipe: ModuleType, mode: str) -> dict[str, 
     if mode in ("fake", "bound"):
         _allow_fake_foreach()
         _fake_trunc_normal()
+        _fake_swap()
         _fast_fake.install()
     probe = ScratchProbe(device) if request["device"] == device.type else None
     if request.get("probes") is False:
