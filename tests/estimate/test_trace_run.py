@@ -17,7 +17,8 @@ CAST = {
     "to_bf16": "    return _build().to(torch.bfloat16)\n",
     "bfloat16": "    return _build().bfloat16()\n",
     "to_cpu_bf16": "    return _build().to('cpu', torch.bfloat16)\n",
-    "built_bf16": ("    torch.set_default_dtype(torch.bfloat16)\n    try:\n        return _build()\n"
+    "built_bf16": ("    torch.set_default_dtype(torch.bfloat16)\n"
+                   "    try:\n        return _build()\n"
                    "    finally:\n        torch.set_default_dtype(torch.float32)\n"),
 }
 
