@@ -63,7 +63,7 @@ def _warm_up() -> None:
 def main() -> None:
     if sys.argv[1:2] == ["--worker"]:  # a worker spawned by ``_workers``: one request, one answer
         request = json.loads(sys.stdin.read())
-        _workers.write_answer(Path(sys.argv[2]), _workers.work(request, _work))
+        _workers.answer_with_cache(Path(sys.argv[2]), request, _work)
         return
     _workers.become_reaper()  # what the workers' user code starts comes back here to be ended
     _trace_protocol.serve(_work, warm_up=_warm_up)

@@ -213,7 +213,9 @@ def start(requests: list[dict[str, Any]], serve: Callable[[dict[str, Any]], dict
 
     def answers() -> list[dict[str, Any]]:
         try:
-            return wait()
+            found = wait()
+            take_cache(files)
+            return found
         finally:
             end_leftovers()
             folder.cleanup()
@@ -235,7 +237,7 @@ def _fork(requests: list[dict[str, Any]], serve: Callable[[dict[str, Any]], dict
                 # The child's stdin carries the protocol's requests: never the user's code's.
                 with contextlib.suppress(OSError):
                     os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
-                write_answer(answer_file, work(request, serve))
+                answer_with_cache(answer_file, request, serve)
             finally:
                 os._exit(0)
         children.append(pid)
@@ -271,6 +273,33 @@ def _spawn(requests: list[dict[str, Any]], files: list[Path]) -> list[subprocess
 def _reap(procs: list[subprocess.Popen[str]], files: list[Path]) -> list[dict[str, Any]]:
     return [read_answer(answer_file, proc.wait())
             for proc, answer_file in zip(procs, files, strict=True)]
+
+
+def answer_with_cache(path: Path, request: dict[str, Any],
+                      serve: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+    """A worker's request answered into ``path``, and the fake-tensor cache entries it added
+    beside it (``_shared_cache``: the child takes them in for the next workers)."""
+    from launcher.estimate.child import _shared_cache
+
+    before = _shared_cache.keys()
+    answer = work(request, serve)
+    with contextlib.suppress(Exception):  # an optimisation: never the answer's failure
+        _shared_cache.export(before, _cache_file(path))
+    write_answer(path, answer)
+
+
+def take_cache(files: list[Path]) -> None:
+    """Take in what the workers that answered into ``files`` added to the fake-tensor cache:
+    the workers forked from now on start with it (``_shared_cache``)."""
+    from launcher.estimate.child import _shared_cache
+
+    for path in files:
+        with contextlib.suppress(Exception):
+            _shared_cache.absorb(_cache_file(path))
+
+
+def _cache_file(answer_file: Path) -> Path:
+    return answer_file.with_name(answer_file.name + ".fakecache")
 
 
 def write_answer(path: Path, answer: dict[str, Any]) -> None:
