@@ -42,3 +42,19 @@ def test_a_model_cast_in_build_model_is_traced_as_one_built_in_that_dtype(tmp_pa
             reference.parameter_bytes, reference.gradient_bytes,
             reference.optimizer_state_bytes), name
         assert trace.peak_at(2) == reference.peak_at(2), name
+
+
+def test_a_cast_swaps_whichever_fake_tensor_missed_the_cache() -> None:
+    """The fake mode's memo (a weak reference) is on the tensor whose op missed the cache: on a
+    second build the parameter's own op hits and its converted copy carries it instead."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from launcher.estimate.child import _trace_run
+
+    _trace_run._fake_swap()
+    with FakeTensorMode():
+        torch.nn.LayerNorm(7)  # the parameters' ops now hit the cache, the cast's does not
+        again = torch.nn.LayerNorm(7)
+        again.to(torch.bfloat16)
+    assert {p.dtype for p in again.parameters()} == {torch.bfloat16}

@@ -110,7 +110,9 @@ def _fake_swap() -> None:
     """A recipe that casts or moves its own model (``model.to(torch.bfloat16)``, ``.half()``,
     ``.to(device)`` in ``build_model``, as many do) failed to trace: ``Module._apply`` always
     swaps a fake parameter for its converted copy (``torch.utils.swap_tensors``), which refuses
-    a tensor with a weak reference, and every fake ``Parameter`` has one (the fake mode's memo).
+    a tensor with a weak reference, and a fake tensor whose op missed the fake tensor's cache
+    has one (the fake mode's memo): the parameter, or, when the parameter's own op was a cache
+    hit (a second build, or entries from an earlier worker), the converted copy.
     Where it would refuse, the parameter takes the converted data instead (``.data =``: what
     ``Module.to`` does with real tensors, and ``_trace_step._fake_to`` with the templates'
     own cast): the same object, the new dtype and device. Real tensors, and swaps it allows,
@@ -125,7 +127,8 @@ def _fake_swap() -> None:
         return
 
     def swap_tensors(t1: torch.Tensor, t2: torch.Tensor) -> None:
-        if isinstance(t1, FakeTensor) and isinstance(t2, FakeTensor) and weakref.getweakrefs(t1):
+        if isinstance(t1, FakeTensor) and isinstance(t2, FakeTensor) and (
+                weakref.getweakrefs(t1) or weakref.getweakrefs(t2)):
             with torch.no_grad():
                 t1.data = t2.detach()
             return
