@@ -26,23 +26,17 @@ from tests.estimate._recipes import GPT
 REPO = Path(__file__).resolve().parents[2]
 
 STEP = """
-import sys, torch
+import sys
 from pathlib import Path
 from torch._subclasses.fake_tensor import FakeTensorMode
 from launcher.estimate.child import _shared_cache
+from tests.estimate.test_shared_cache import _step
 
 recipe = {}
 exec(sys.stdin.read(), recipe)
 with FakeTensorMode():
     before = _shared_cache.keys()
-    model = recipe["build_model"]()
-    optimizer = torch.optim.AdamW(model.parameters(), foreach=True)
-    idx = torch.randint(0, 256, (3, 32))
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        logits = model(idx)
-    torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), idx.flatten()).backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-    optimizer.step()
+    _step(recipe)
 print(_shared_cache.export(before, Path(sys.argv[1])))
 """
 

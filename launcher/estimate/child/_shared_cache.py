@@ -45,10 +45,8 @@ _ALLOWED = frozenset({
     ("torch._subclasses.fake_tensor", "_DispatchCacheBypassEntry"),
     ("torch._subclasses.fake_tensor", "SingletonConstant"),
     ("torch._subclasses._fake_tensor_utils", "TensorMetadata"),
-    ("copyreg", "_reconstructor"), ("copyreg", "__newobj__"),
-    ("builtins", "object"), ("builtins", "tuple"), ("builtins", "list"), ("builtins", "dict"),
+    ("builtins", "tuple"), ("builtins", "list"), ("builtins", "dict"),
     ("builtins", "int"), ("builtins", "float"), ("builtins", "bool"), ("builtins", "str"),
-    ("builtins", "type"), ("builtins", "getattr"),
 })
 
 
@@ -80,10 +78,17 @@ def _named(op: OpOverload) -> tuple[str, str, str]:
     return "op", op._schema.name, op._schema.overload_name or "default"
 
 
+def _type_of(value: Any) -> type:
+    """``type`` with one argument only: a file may name ``NoneType``, never make a class."""
+    return type(value)
+
+
 class _Reader(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) in _ALLOWED:
             return super().find_class(module, name)
+        if (module, name) == ("builtins", "type"):  # ``type(None)``: the NoneType marker
+            return _type_of
         if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
             return getattr(torch, name)
         if module == "torch._utils" and name.startswith("torch.") and isinstance(
