@@ -24,22 +24,8 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+from forked import in_fork  # noqa: E402
 from models_zoo import llama_7b_config, write_recipe  # noqa: E402
-
-
-def _fork(fn: Any) -> bytes:
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(read)
-        os.write(write, fn())
-        os._exit(0)
-    os.close(write)
-    data = b""
-    while chunk := os.read(read, 1 << 20):
-        data += chunk
-    os.waitpid(pid, 0)
-    return data
 
 
 def main() -> None:
@@ -82,7 +68,7 @@ def main() -> None:
         _trace_run.run(dict(before_round))
         return str(_shared_cache.export(before, shipped)).encode()
 
-    exported = int(_fork(donor))
+    exported = int(in_fork(donor))
 
     def arm(with_entries: bool) -> Any:
         def run() -> bytes:
@@ -103,7 +89,7 @@ def main() -> None:
     results: dict[bool, list[dict[str, Any]]] = {False: [], True: []}
     for _ in range(args.pairs):
         for with_entries in (False, True):
-            results[with_entries].append(json.loads(_fork(arm(with_entries))))
+            results[with_entries].append(json.loads(in_fork(arm(with_entries))))
     answers = {r["answer"] for rows in results.values() for r in rows}
     print(json.dumps({
         "exported": exported,

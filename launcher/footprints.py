@@ -9,6 +9,7 @@ preflight -> planner -> footprints -> the trace children (``estimate/traced.py``
 
 from __future__ import annotations
 
+import json
 import tempfile
 import time
 from collections.abc import Callable
@@ -118,8 +119,56 @@ class Budget:
                 f"rank traces used their time (LAUNCH_RANK_TRACE_BUDGET)")
 
 
-def rank_traces(recipe: Path, options: dict[str, Any], budget: Budget | None = None
-                 ) -> Callable[[str, int, int, int, int], Memory | None]:
+class Ahead:
+    """The rank traces of one preflight asked for ahead of the plan that reads them.
+
+    The planner asks for a rank trace one at a time, each once the answer before it is read
+    (the 7B's ZeRO-2 rank without checkpointing, then with it: two rounds of the trace child,
+    each with a core idle while the shallower depth waits for the deeper). So ``preflight``
+    first runs the planner on the sharded estimates alone (``collecting``: every rank the
+    planner asks for is noted and answered None, as a rank without a trace is), then traces
+    what it noted in one request (``flush``: two workers at a time, each next one started as
+    one ends), and then plans for real. The real run finds those traces done; a rank the
+    sharded estimates did not lead to (a rank's answer changed the path) is traced when asked,
+    as before. What the first run noted and the real one never read is the price: a rank whose
+    sharded estimate overflowed and whose trace fits."""
+
+    def __init__(self) -> None:
+        self.collecting = False
+        #: noted while collecting: (recipe, options, rank key) -> what to trace
+        self.wishes: dict[tuple[str, str, tuple[Any, ...]], dict[str, Any]] = {}
+        #: traced by ``flush``: (recipe, options, rank key) -> the trace, or None
+        self.done: dict[tuple[str, str, tuple[Any, ...]], Any] = {}
+
+    def flush(self, budget: Budget | None) -> None:
+        """Trace every rank noted, in one request per recipe (two workers at a time)."""
+        from launcher.estimate.traced import TraceError, TraceTimeout, trace_recipe_configs
+
+        wishes, self.wishes = self.wishes, {}
+        for recipe in dict.fromkeys(k[0] for k in wishes):
+            keys = [k for k in wishes if k[0] == recipe]
+            configs = [wishes[k] for k in keys]
+            timeout = max(c.pop("timeout_s") for c in configs)
+            if budget is not None:
+                if budget.left < 5.0:  # not worth a child: the scaled figures stand
+                    budget.skipped += len(keys)
+                    self.done.update(dict.fromkeys(keys))
+                    continue
+                timeout = min(timeout, budget.left)
+            started = time.monotonic()
+            try:
+                found: list[Any] = trace_recipe_configs(recipe, configs, timeout_s=timeout)
+            except TraceError:  # a timeout or a crash of the child: all of them
+                found = [None] * len(keys)
+            self.done.update({k: None if isinstance(t, (TraceError, TraceTimeout)) else t
+                              for k, t in zip(keys, found, strict=True)})
+            if budget is not None:
+                budget.left -= time.monotonic() - started
+
+
+def rank_traces(recipe: Path, options: dict[str, Any], budget: Budget | None = None,
+                ahead: Ahead | None = None
+                ) -> Callable[[str, int, int, int, int], Memory | None]:
     """``Footprint.rank_memory_at`` for a traceable recipe: one rank of a sharded strategy traced
     at its world size (a fake process group; the rendered script's own wrapping), once per
     strategy, world size, side of accumulation and the micro-batches traced. A trace that fails
@@ -138,6 +187,8 @@ def rank_traces(recipe: Path, options: dict[str, Any], budget: Budget | None = N
     Key = tuple[str, int, int, bool, bool, tuple[int, ...]]
     traces: dict[Key, Any] = {}
     whole: set[Key] = set()  # traced whole, or tried
+    # what ``ahead`` knows these traces by: the recipe and every option of the footprint
+    mine = (str(recipe), json.dumps(options, sort_keys=True, default=str))
 
     def rank_memory_at(strategy: str, nodes: int, gpus: int, micro: int, accum: int,
                        reshard_after_forward: bool = True) -> Memory | None:
@@ -145,7 +196,20 @@ def rank_traces(recipe: Path, options: dict[str, Any], budget: Budget | None = N
         replicas = strategies.get(strategy).replicas(nodes)  # a shard group per node
         rank = (strategy, world, replicas, accum > 1, reshard_after_forward)
         sizes = (micro,) if micro == 1 else (micro // 2, micro)
+        if ahead is not None:  # what a flush traced for this footprint, taken in
+            for k in [k for k in ahead.done if k[:2] == mine]:
+                traces.setdefault(k[2], ahead.done.pop(k))
         key = next((k for k in traces if k[:5] == rank and micro in k[5]), (*rank, sizes))
+        if ahead is not None and ahead.collecting:
+            if key not in traces:
+                noted = next((k[2] for k in ahead.wishes if k[:2] == mine
+                              and k[2][:5] == rank and micro in k[2][5]), key)
+                ahead.wishes.setdefault((*mine, noted), {
+                    **options, "grad_accum_steps": 2 if accum > 1 else 1,
+                    "micro_batch_sizes": noted[5], "verify_sizes": (),
+                    "strategy": {"name": strategy, "world_size": world, "replicas": replicas,
+                                 "reshard_after_forward": reshard_after_forward}})
+                return None  # as a rank without a trace: the scaled figure stands
 
         def trace(**whole: bool) -> None:
             timeout = options["timeout_s"]
@@ -206,7 +270,8 @@ def optimizer_pinned(spec: Spec, info: ScriptInfo) -> bool:
 
 def traced(spec: Spec, info: ScriptInfo, precision: str, optimizer: str,
             variants: tuple[bool, ...], device: str, environ: dict[str, str],
-            budget: Budget | None = None) -> dict[bool, Footprint | UsageError]:
+            budget: Budget | None = None, ahead: Ahead | None = None
+            ) -> dict[bool, Footprint | UsageError]:
     """The recipe's own training step traced on fake tensors (see estimate/traced.py), with and
     without activation checkpointing (``variants``) in one child: torch is imported once, and
     the planner nearly always asks for both.
@@ -256,14 +321,14 @@ def traced(spec: Spec, info: ScriptInfo, precision: str, optimizer: str,
             rank_memory_at=rank_traces(spec.script, {
                 **options, "precision": precision, "optimizer": optimizer if pinned else None,
                 "activation_checkpointing": checkpointing, "device": device,
-                "scale_depth": _stacked(options, trace)}, budget))
+                "scale_depth": _stacked(options, trace)}, budget, ahead))
     return out
 
 
 def hf_traced(spec: Spec, shape: ModelShape, precision: str, optimizer: str,
                checkpointing: bool, device: str, environ: dict[str, str],
                state_dir: Path | None, failed: dict[str, str],
-               budget: Budget | None = None) -> Footprint:
+               budget: Budget | None = None, ahead: Ahead | None = None) -> Footprint:
     """A ``--model-config`` built by transformers and traced (see estimate/hf_recipe.py).
 
     The recipe is written under the state dir; the analytic shape keeps the FSDP unit and the
@@ -300,7 +365,7 @@ def hf_traced(spec: Spec, shape: ModelShape, precision: str, optimizer: str,
                            rank_memory_at=rank_traces(recipe, {
                                **options, "precision": precision, "optimizer": optimizer,
                                "activation_checkpointing": checkpointing, "device": device,
-                               "scale_depth": _stacked(options, trace)}, budget))
+                               "scale_depth": _stacked(options, trace)}, budget, ahead))
     note = f"{failed['note']}: the estimate is analytic"
     return replace(analytic, note="; ".join(n for n in (note, analytic.note) if n))
 
@@ -332,6 +397,7 @@ class Footprints:
         self.shape, self.source, self.hf_trace, self.trace = shape, source, hf_trace, trace
         self.can_checkpoint, self.pinned, self.device = can_checkpoint, pinned, device
         self.environ, self.state_dir, self.budget = environ, state_dir, budget
+        self.ahead = Ahead()
         self._traced: dict[tuple[str, str], dict[bool, Footprint | UsageError]] = {}
         self._hf_failed: dict[str, str] = {}
         self._answers: dict[tuple[str, str, bool], Footprint] = {}
@@ -346,7 +412,8 @@ class Footprints:
         spec, shape = self.spec, self.shape
         if shape is not None and self.hf_trace:
             return hf_traced(spec, shape, precision, optimizer, checkpointing, self.device,
-                             self.environ, self.state_dir, self._hf_failed, self.budget)
+                             self.environ, self.state_dir, self._hf_failed, self.budget,
+                             self.ahead)
         if shape is not None:
             return from_shape(shape, precision=precision, optimizer=optimizer,
                               checkpointing=checkpointing, kind=self.source,
@@ -360,7 +427,7 @@ class Footprints:
             variants = tuple(dict.fromkeys(paired + (checkpointing,)))
             done = self._traced.setdefault(key, {})
             for v, fp in traced(self.traced_spec, self.info, precision, optimizer, variants,
-                                self.device, self.environ, self.budget).items():
+                                self.device, self.environ, self.budget, self.ahead).items():
                 plain = done.get(False)
                 if (isinstance(fp, Footprint) and fp.flops_per_sample is None
                         and isinstance(plain, Footprint)):

@@ -73,8 +73,23 @@ def preflight(spec: Spec, info: ScriptInfo, state_dir: Path | None = None,
     """The plan for ``spec``: every candidate the planner searched, the chosen one, and why
     each other was rejected."""
     p = _planning(spec, info, state_dir, environ)
-    result = plan(p.spec, p.footprints, p.targets, p.spec.provider, parameters=p.parameters,
-                  source=p.source, can_checkpoint=p.can_checkpoint, floor=p.footprints.floor)
+
+    def search() -> PlanResult:
+        return plan(p.spec, p.footprints, p.targets, p.spec.provider, parameters=p.parameters,
+                    source=p.source, can_checkpoint=p.can_checkpoint, floor=p.footprints.floor)
+
+    # First on the sharded estimates alone, noting the ranks it would trace; those are traced
+    # together, and the plan that stands is searched with them (footprints.Ahead). A search
+    # that asked for no rank is already that plan.
+    ahead = p.footprints.ahead
+    ahead.collecting = True
+    try:
+        result = search()
+    finally:
+        ahead.collecting = False
+    if ahead.wishes:
+        ahead.flush(p.footprints.budget)
+        result = search()
     result.notes.extend(n for n in p.info.notes if n not in result.notes)
     if p.assumed:
         result.notes.insert(0, p.assumed)

@@ -85,6 +85,50 @@ def test_rank_traces_share_one_budget_and_say_what_they_skipped(tmp_path: Path) 
     assert budget.left < left
 
 
+
+def test_ranks_noted_ahead_are_traced_in_one_request_and_answer_as_if_asked(
+        tmp_path: Path) -> None:
+    """preflight runs the planner once on the sharded estimates, noting the ranks it asks for
+    (answered None meanwhile), traces them together, and plans again: each footprint then
+    answers from that trace exactly as a trace of its own would, and a size a noted trace
+    covers is not noted twice."""
+    from launcher.footprints import Ahead, Budget
+
+    recipe = tmp_path / "gpt.py"
+    recipe.write_text(textwrap.dedent(GPT))
+    checkpointed = {**OPTIONS, "activation_checkpointing": True}
+    budget, ahead = Budget(1000.0), Ahead()
+    plain = rank_traces(recipe, dict(OPTIONS), budget, ahead)
+    ckpt = rank_traces(recipe, dict(checkpointed), budget, ahead)
+    ahead.collecting = True
+    assert plain("fsdp", 1, 2, 2, 1) is None and ckpt("fsdp", 1, 2, 2, 4) is None
+    assert plain("fsdp", 1, 2, 1, 1) is None  # in the (1, 2) noted for micro-batch 2
+    assert len(ahead.wishes) == 2 and budget.left == 1000.0
+    ahead.collecting = False
+    ahead.flush(budget)
+    assert not ahead.wishes and len(ahead.done) == 2 and budget.left < 1000.0
+    spent = budget.left
+    assert plain("fsdp", 1, 2, 2, 1) == rank_traces(recipe, dict(OPTIONS))("fsdp", 1, 2, 2, 1)
+    assert plain("fsdp", 1, 2, 1, 1) == rank_traces(recipe, dict(OPTIONS))("fsdp", 1, 2, 1, 1)
+    assert ckpt("fsdp", 1, 2, 2, 4) == rank_traces(recipe, dict(checkpointed))(
+        "fsdp", 1, 2, 2, 4)
+    assert budget.left == spent and not ahead.done  # answered from the flush, taken in
+
+
+def test_ranks_noted_ahead_with_no_time_left_keep_the_scaled_estimate(tmp_path: Path) -> None:
+    from launcher.footprints import Ahead, Budget
+
+    recipe = tmp_path / "gpt.py"
+    recipe.write_text(textwrap.dedent(GPT))
+    budget, ahead = Budget(1.0), Ahead()
+    plain = rank_traces(recipe, dict(OPTIONS), budget, ahead)
+    ahead.collecting = True
+    assert plain("fsdp", 1, 2, 2, 1) is None
+    ahead.collecting = False
+    ahead.flush(budget)
+    assert budget.skipped == 1 and "LAUNCH_RANK_TRACE_BUDGET" in (budget.note() or "")
+    assert plain("fsdp", 1, 2, 2, 1) is None  # tried: the scaled figure stands
+
 NO_WRAP = """
 import torch
 

@@ -223,27 +223,31 @@ def _ask(proc: subprocess.Popen[str], request: dict[str, Any], timeout_s: float,
         proc.stdin.flush()
     except OSError:
         return None
-    out, deadline = b"", time.monotonic() + timeout_s
+    # the answer's chunks, kept apart: a batch's answer is megabytes, read 1 MiB at a time
+    out: list[bytes] = []
+    deadline = time.monotonic() + timeout_s
     with selectors.DefaultSelector() as selector:
         selector.register(proc.stdout.fileno(), selectors.EVENT_READ, "out")
         if proc.stderr is not None:
             selector.register(proc.stderr.fileno(), selectors.EVENT_READ, "err")
-        while b"\n" not in out:
+        while not out or b"\n" not in out[-1]:
             left = deadline - time.monotonic()
             if left <= 0:
                 _kill(proc)
                 raise TimeoutError
             for key, _ in selector.select(timeout=min(left, 1.0)):
-                chunk = os.read(key.fd, 1 << 16)
                 if key.data == "out":
+                    chunk = os.read(key.fd, 1 << 20)
                     if not chunk:
                         return None
-                    out += chunk
-                elif not chunk:
+                    out.append(chunk)
+                    continue
+                chunk = os.read(key.fd, 1 << 16)
+                if not chunk:
                     selector.unregister(key.fd)
                 else:  # the last few KiB, for the message if the child dies
                     _STDERR[proc.pid] = (_STDERR.get(proc.pid, b"") + chunk)[-8192:]
-    return json.loads(out.decode())
+    return json.loads(b"".join(out).decode())
 
 
 def run_child(request: dict[str, Any], timeout_s: float, python: str) -> dict[str, Any]:

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import ast
 import contextlib
-import functools
 import importlib
 import importlib.util
 import json
@@ -45,6 +44,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -179,100 +179,157 @@ def _capture_of(recipe: Path) -> dict[str, Any]:
     return capture if isinstance(capture, dict) else {}
 
 
-def run_all(requests: list[dict[str, Any]], serve: Callable[[dict[str, Any]], dict[str, Any]],
-            ) -> list[dict[str, Any]]:
-    """Answer each request in a worker of its own, all at once; the answers in order.
+class Raw(str):
+    """A worker's answer as the JSON text it wrote, for the trace child to pass on unparsed."""
 
-    The intra-op threads are shared out among the workers (one each on two cores). A worker that
-    dies without answering (a segfault, the OOM killer) is answered for, as a ``crash``.
+
+def run_all(requests: list[dict[str, Any]], serve: Callable[[dict[str, Any]], dict[str, Any]],
+            slots: int | None = None, raw: bool = False) -> list[Any]:
+    """Answer each request in a worker of its own, ``slots`` at a time (default: all at once);
+    the answers in order (``raw``: each as the ``Raw`` text its worker wrote).
+
+    The intra-op threads are shared out among the workers that run at once (one each on two
+    cores). A worker that dies without answering (a segfault, the OOM killer) is answered for,
+    as a ``crash``.
     """
-    return start(requests, serve)()
+    return start(requests, serve, slots, raw)()
 
 
 def start(requests: list[dict[str, Any]], serve: Callable[[dict[str, Any]], dict[str, Any]],
-          ) -> Callable[[], list[dict[str, Any]]]:
-    """``run_all``, in two halves: the workers start now, and the function returned waits for
-    their answers (and then ends what they left). Meanwhile this process may do work of its
-    own that runs no user code (the warm-up, while the probe's worker loads the recipe)."""
-    threads = max(1, _State.threads // max(1, len(requests)))
+          slots: int | None = None, raw: bool = False) -> Callable[[], list[Any]]:
+    """``run_all``, in two halves: the first ``slots`` workers start now, and the function
+    returned waits for their answers, starting each next worker as one ends (and then ends what
+    they left). Meanwhile this process may do work of its own that runs no user code (the
+    warm-up, while the probe's worker loads the recipe).
+
+    A worker started after another has answered is forked with the fake-tensor cache entries
+    that one added (``take_cache``): the jobs of a batch (a configuration's two halves, the
+    next configuration's) run two at a time, each next one as soon as a slot is free, instead
+    of configuration by configuration with a core idle while the slower half finishes."""
+    slots = len(requests) if slots is None else max(1, min(slots, len(requests)))
+    threads = max(1, _State.threads // max(1, slots))
     requests = [{**r, "threads": threads} for r in requests]
     # The answers' folder: under the child's own TMPDIR (the parent removes it with the child).
     folder = tempfile.TemporaryDirectory(prefix="launch-answers-", ignore_cleanup_errors=True)
     files = [Path(folder.name) / f"answer-{i}.json" for i in range(len(requests))]
+    running: dict[int, _Worker] = {}
+    codes: dict[int, int] = {}
     try:
-        if fork_safe():
-            children = _fork(requests, serve, files)
-            wait = functools.partial(_collect, children, files)
-        else:
-            procs = _spawn(requests, files)
-            wait = functools.partial(_reap, procs, files)
+        for i in range(slots):
+            running[i] = _Worker.start(requests[i], serve, files[i])
     except BaseException:
+        _stop(running)
         end_leftovers()
         folder.cleanup()
         raise
 
-    def answers() -> list[dict[str, Any]]:
+    def answers() -> list[Any]:
         try:
-            found = wait()
-            take_cache(files)
-            return found
+            waiting = list(range(slots, len(requests)))
+            while running:
+                i = _next_exit(running, codes)
+                take_cache([files[i]])  # before the next fork: it starts with them
+                if waiting:
+                    j = waiting.pop(0)
+                    running[j] = _Worker.start(requests[j], serve, files[j])
+            read = read_raw if raw else read_answer
+            return [read(files[i], codes[i]) for i in range(len(requests))]
         finally:
+            _stop(running)
             end_leftovers()
             folder.cleanup()
 
     return answers
 
 
-def _fork(requests: list[dict[str, Any]], serve: Callable[[dict[str, Any]], dict[str, Any]],
-          files: list[Path]) -> list[int]:
+class _Worker:
+    """One worker: forked from this process while that is safe (``fork_safe``), else a fresh
+    interpreter (``_spawn``)."""
+
+    def __init__(self, pid: int | None, proc: subprocess.Popen[str] | None) -> None:
+        self.pid, self.proc = pid, proc
+
+    @classmethod
+    def start(cls, request: dict[str, Any], serve: Callable[[dict[str, Any]], dict[str, Any]],
+              answer_file: Path) -> _Worker:
+        if fork_safe():
+            return cls(_fork(request, serve, answer_file), None)
+        return cls(None, _spawn(request, answer_file))
+
+    def poll(self) -> int | None:
+        """The worker's exit code once it has exited (reaped), else None."""
+        if self.proc is not None:
+            return self.proc.poll()
+        assert self.pid is not None
+        pid, status = os.waitpid(self.pid, os.WNOHANG)  # the worker, not what it started
+        return os.waitstatus_to_exitcode(status) if pid else None
+
+    def kill(self) -> None:
+        with contextlib.suppress(OSError):
+            if self.proc is not None:
+                self.proc.kill()
+                self.proc.wait()
+            elif self.pid is not None:
+                os.kill(self.pid, signal.SIGKILL)
+                os.waitpid(self.pid, 0)
+
+
+#: How often a batch polls its running workers for the one that ended (seconds).
+_POLL_S = 0.005
+
+
+def _next_exit(running: dict[int, _Worker], codes: dict[int, int]) -> int:
+    """Wait for one of the ``running`` workers to exit; its index (its code in ``codes``).
+    Polled: ``os.wait`` would also reap what the user's code left to this subreaper, and the
+    wait for any of two or three workers costs nothing measurable at 5 ms."""
+    while True:
+        for i, worker in running.items():
+            code = worker.poll()
+            if code is not None:
+                codes[i] = code
+                del running[i]
+                return i
+        time.sleep(_POLL_S)
+
+
+def _stop(running: dict[int, _Worker]) -> None:
+    """Kill and reap the workers still running (an interrupted batch)."""
+    for worker in running.values():
+        worker.kill()
+    running.clear()
+
+
+def _fork(request: dict[str, Any], serve: Callable[[dict[str, Any]], dict[str, Any]],
+          answer_file: Path) -> int:
     from launcher.processes import die_with_parent
 
-    children = []
     arm = die_with_parent()  # a worker dies with the child, however the child dies
-    for request, answer_file in zip(requests, files, strict=True):
-        pid = os.fork()
-        if pid == 0:  # the worker: whatever happens, it never returns into the child's code
-            try:
-                arm()
-                # The child's stdin carries the protocol's requests: never the user's code's.
-                with contextlib.suppress(OSError):
-                    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
-                answer_with_cache(answer_file, request, serve)
-            finally:
-                os._exit(0)
-        children.append(pid)
-    return children
+    pid = os.fork()
+    if pid == 0:  # the worker: whatever happens, it never returns into the child's code
+        try:
+            arm()
+            # The child's stdin carries the protocol's requests: never the user's code's.
+            with contextlib.suppress(OSError):
+                os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+            answer_with_cache(answer_file, request, serve)
+        finally:
+            os._exit(0)
+    return pid
 
 
-def _collect(children: list[int], files: list[Path]) -> list[dict[str, Any]]:
-    answers = []
-    for pid, answer_file in zip(children, files, strict=True):
-        _, status = os.waitpid(pid, 0)  # the worker, not what it started
-        answers.append(read_answer(answer_file, os.waitstatus_to_exitcode(status)))
-    return answers
-
-
-def _spawn(requests: list[dict[str, Any]], files: list[Path]) -> list[subprocess.Popen[str]]:
-    """Workers as fresh interpreters (``python -m launcher.estimate.child._trace_child --worker
-    ANSWER``), in this process's group: the parent's timeout kills them with it. What they
-    print goes to this process's stderr."""
-    procs = []
-    for request, answer_file in zip(requests, files, strict=True):
-        proc = subprocess.Popen(  # it arms its own parent-death signal (see main)
-            [sys.executable, "-m", "launcher.estimate.child._trace_child", "--worker",
-             str(answer_file)],
-            stdin=subprocess.PIPE, stdout=sys.stderr.fileno(), text=True,
-            env={**os.environ, PARENT_VAR: str(os.getpid())})
-        assert proc.stdin is not None
-        proc.stdin.write(json.dumps(request))
-        proc.stdin.close()
-        procs.append(proc)
-    return procs
-
-
-def _reap(procs: list[subprocess.Popen[str]], files: list[Path]) -> list[dict[str, Any]]:
-    return [read_answer(answer_file, proc.wait())
-            for proc, answer_file in zip(procs, files, strict=True)]
+def _spawn(request: dict[str, Any], answer_file: Path) -> subprocess.Popen[str]:
+    """A worker as a fresh interpreter (``python -m launcher.estimate.child._trace_child
+    --worker ANSWER``), in this process's group: the parent's timeout kills it with it. What it
+    prints goes to this process's stderr."""
+    proc = subprocess.Popen(  # it arms its own parent-death signal (see main)
+        [sys.executable, "-m", "launcher.estimate.child._trace_child", "--worker",
+         str(answer_file)],
+        stdin=subprocess.PIPE, stdout=sys.stderr.fileno(), text=True,
+        env={**os.environ, PARENT_VAR: str(os.getpid())})
+    assert proc.stdin is not None
+    proc.stdin.write(json.dumps(request))
+    proc.stdin.close()
+    return proc
 
 
 def answer_with_cache(path: Path, request: dict[str, Any],
@@ -316,6 +373,16 @@ def read_answer(path: Path, code: int) -> dict[str, Any]:
     except (OSError, ValueError):
         return _died(code)
     return answer if isinstance(answer, dict) else _died(code)
+
+
+def read_raw(path: Path, code: int) -> Raw:
+    """``read_answer``, as the text the worker wrote: whole, since it is written whole and then
+    named (``write_answer``), and a JSON object, since only ``json.dumps`` of one writes it."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError:
+        text = ""
+    return Raw(text if text.startswith("{") and text.endswith("}") else json.dumps(_died(code)))
 
 
 #: A spawned worker's parent, so that it dies with it (armed by the worker itself).
