@@ -140,28 +140,36 @@ class Ahead:
         #: traced by ``flush``: (recipe, options, rank key) -> the trace, or None
         self.done: dict[tuple[str, str, tuple[Any, ...]], Any] = {}
 
+    #: Ranks traced per request: the 7B's two in one; a catalog search's dozen in several, so
+    #: that the budget is checked between them and one that runs out keeps what finished.
+    CHUNK = 2
+
     def flush(self, budget: Budget | None) -> None:
-        """Trace every rank noted, in one request per recipe (two workers at a time)."""
+        """Trace every rank noted, ``CHUNK`` to a request of the trace child (whose workers run
+        two at a time), in the order the planner asked for them."""
         from launcher.estimate.traced import TraceError, TraceTimeout, trace_recipe_configs
 
         wishes, self.wishes = self.wishes, {}
-        for recipe in dict.fromkeys(k[0] for k in wishes):
-            keys = [k for k in wishes if k[0] == recipe]
-            configs = [wishes[k] for k in keys]
-            timeout = max(c.pop("timeout_s") for c in configs)
+        keys = list(wishes)
+        chunks = [[k for k in keys if k[0] == recipe][i:i + self.CHUNK]
+                  for recipe in dict.fromkeys(k[0] for k in keys)
+                  for i in range(0, sum(k[0] == recipe for k in keys), self.CHUNK)]
+        for chunk in chunks:
+            configs = [dict(wishes[k]) for k in chunk]
+            timeout = sum(c.pop("timeout_s") for c in configs)  # each trace's own limit
             if budget is not None:
                 if budget.left < 5.0:  # not worth a child: the scaled figures stand
-                    budget.skipped += len(keys)
-                    self.done.update(dict.fromkeys(keys))
+                    budget.skipped += len(chunk)
+                    self.done.update(dict.fromkeys(chunk))
                     continue
                 timeout = min(timeout, budget.left)
             started = time.monotonic()
             try:
-                found: list[Any] = trace_recipe_configs(recipe, configs, timeout_s=timeout)
-            except TraceError:  # a timeout or a crash of the child: all of them
-                found = [None] * len(keys)
+                found: list[Any] = trace_recipe_configs(chunk[0][0], configs, timeout_s=timeout)
+            except TraceError:  # a timeout or a crash of the child: all of the chunk
+                found = [None] * len(chunk)
             self.done.update({k: None if isinstance(t, (TraceError, TraceTimeout)) else t
-                              for k, t in zip(keys, found, strict=True)})
+                              for k, t in zip(chunk, found, strict=True)})
             if budget is not None:
                 budget.left -= time.monotonic() - started
 

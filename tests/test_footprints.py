@@ -103,15 +103,18 @@ def test_ranks_noted_ahead_are_traced_in_one_request_and_answer_as_if_asked(
     ahead.collecting = True
     assert plain("fsdp", 1, 2, 2, 1) is None and ckpt("fsdp", 1, 2, 2, 4) is None
     assert plain("fsdp", 1, 2, 1, 1) is None  # in the (1, 2) noted for micro-batch 2
-    assert len(ahead.wishes) == 2 and budget.left == 1000.0
+    assert plain("hybrid_shard", 2, 2, 1, 1) is None
+    assert len(ahead.wishes) == 3 and budget.left == 1000.0
     ahead.collecting = False
-    ahead.flush(budget)
-    assert not ahead.wishes and len(ahead.done) == 2 and budget.left < 1000.0
+    ahead.flush(budget)  # two requests: Ahead.CHUNK ranks each
+    assert not ahead.wishes and len(ahead.done) == 3 and budget.left < 1000.0
     spent = budget.left
     assert plain("fsdp", 1, 2, 2, 1) == rank_traces(recipe, dict(OPTIONS))("fsdp", 1, 2, 2, 1)
     assert plain("fsdp", 1, 2, 1, 1) == rank_traces(recipe, dict(OPTIONS))("fsdp", 1, 2, 1, 1)
     assert ckpt("fsdp", 1, 2, 2, 4) == rank_traces(recipe, dict(checkpointed))(
         "fsdp", 1, 2, 2, 4)
+    assert plain("hybrid_shard", 2, 2, 1, 1) == rank_traces(recipe, dict(OPTIONS))(
+        "hybrid_shard", 2, 2, 1, 1)
     assert budget.left == spent and not ahead.done  # answered from the flush, taken in
 
 
