@@ -132,6 +132,25 @@ def test_ranks_noted_ahead_with_no_time_left_keep_the_scaled_estimate(tmp_path: 
     assert budget.skipped == 1 and "LAUNCH_RANK_TRACE_BUDGET" in (budget.note() or "")
     assert plain("fsdp", 1, 2, 2, 1) is None  # tried: the scaled figure stands
 
+
+def test_a_rank_noted_ahead_that_cannot_be_traced_leaves_the_scaled_estimate(
+        tmp_path: Path) -> None:
+    from launcher.footprints import Ahead, Budget
+
+    recipe = tmp_path / "broken.py"
+    recipe.write_text("def build_model(): raise ValueError('no')\n"
+                      "def example_batch(b): ...\ndef training_step(m, b): ...\n")
+    budget, ahead = Budget(1000.0), Ahead()
+    rank_memory_at = rank_traces(recipe, dict(OPTIONS), budget, ahead)
+    ahead.collecting = True
+    assert rank_memory_at("fsdp", 1, 2, 2, 1) is None
+    ahead.collecting = False
+    ahead.flush(budget)
+    left = budget.left
+    assert left < 1000.0 and budget.skipped == 0  # tried, in the flush
+    assert rank_memory_at("fsdp", 1, 2, 2, 1) is None
+    assert budget.left == left  # not tried again when asked
+
 NO_WRAP = """
 import torch
 
