@@ -326,6 +326,7 @@ def traced(spec: Spec, info: ScriptInfo, precision: str, optimizer: str,
             parameters=trace.parameters, memory_at=trace.memory_at,
             unit_parameters=info.unit_parameters,
             flops_per_sample=flops, note=note, phases_at=trace.phase_memories_at,
+            optimizer_class=None if pinned else trace.optimizer_class,
             rank_memory_at=rank_traces(spec.script, {
                 **options, "precision": precision, "optimizer": optimizer if pinned else None,
                 "activation_checkpointing": checkpointing, "device": device,

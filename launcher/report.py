@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, TextIO
 
-from launcher.plan.plan import Plan
+from launcher.plan.plan import OWN_OPTIMIZERS, Plan
 from launcher.plan.planner import PlanResult
 from launcher.units import format_bytes, format_count
 
@@ -264,7 +264,8 @@ def _print_chosen(out: Any, result: PlanResult) -> None:
         price = "" if c.cost_per_hour_usd is None else f", ${format_usd(c.cost_per_hour_usd)}/h"
         every = ", reduce-scatter every micro-step" if c.reduce_every_micro_step else ""
         out.print(f"chosen: {c.strategy_label} on {c.nodes} x {c.machine}{price}, "
-                  f"{c.optimizer}{every} (global batch {c.global_batch_size})", soft_wrap=False)
+                  f"{c.optimizer_class or c.optimizer}{every} (global batch "
+                  f"{c.global_batch_size})", soft_wrap=False)
         out.print(memory_bar(result.chosen), soft_wrap=False)
         room = headroom_words(result.chosen)
         if room:
@@ -312,9 +313,13 @@ def origin_words(result: PlanResult) -> str:
     for key, name in _SETTING_NAMES.items():
         if key not in result.origins:
             continue
-        value = getattr(chosen, key)
+        value, origin = getattr(chosen, key), result.origins[key]
+        if key == "optimizer" and chosen.optimizer_class:  # the script's own, as traced
+            value = chosen.optimizer_class
+        elif key == "optimizer" and origin in OWN_OPTIMIZERS:  # not traced: only a name
+            origin += " (the name is launch's default)"
         shown = "unknown" if value is None else f"{value:g}" if isinstance(value, float) else value
-        parts.append(f"{name} {shown} ({result.origins[key]})")
+        parts.append(f"{name} {shown} ({origin})")
     return "; ".join(parts)
 
 

@@ -28,7 +28,7 @@ from launcher.estimate.analytic import ATTENTION
 from launcher.estimate.footprint import OPTIMIZER_IMPLEMENTATIONS
 from launcher.flags import ConfigKey
 from launcher.options import check_provider_flags, config_keys, option_keys
-from launcher.plan.plan import CHECKPOINTING, OPTIMIZERS, PRECISIONS
+from launcher.plan.plan import CHECKPOINTING, OPTIMIZERS, OWN_OPTIMIZERS, PRECISIONS
 from launcher.providers import LOCAL
 from launcher.providers import names as provider_names
 from launcher.script_info import ScriptInfo, script_parallelism
@@ -447,10 +447,9 @@ def _origins(values: dict[str, Any], options: Mapping[str, Any], labels: Mapping
         origins.update(own_settings(info.framework, values, pinned, dict(info.launch),
                                     info.own, info.length))
     elif "optimizer" not in pinned and "build_optimizer" in info.hooks and info.captured:
-        origins.setdefault("optimizer", "the script's own optimizer (the name is launch's "
-                                        "default)")
+        origins.setdefault("optimizer", OWN_OPTIMIZERS[0])
     elif "optimizer" not in pinned and "build_optimizer" in info.hooks:
-        origins["optimizer"] = "the recipe's build_optimizer (the name is launch's default)"
+        origins["optimizer"] = OWN_OPTIMIZERS[1]
     for key in SHOWN:
         origins.setdefault(key, DEFAULT_ORIGIN)
     return ({k: origins[k] for k in SETTINGS if k in origins},

@@ -135,3 +135,30 @@ def test_the_chosen_plan_shows_its_headroom(cli):
     usable = int(memory["capacity"] * 0.95)
     assert (f"headroom {format_bytes(usable - memory['total'])} per GPU "
             f"({format_bytes(usable)} usable of 80.0 GiB, 5% kept free)") in text
+
+
+def test_a_plan_names_the_scripts_own_optimizer_by_the_class_its_step_built():
+    """A script's own Adadelta is shown as Adadelta, not as launch's default name; untraced,
+    the name is said to be only launch's default."""
+    from launcher.plan.plan import OWN_OPTIMIZERS, Plan
+    from launcher.plan.planner import PlanResult
+    from launcher.report import origin_words
+
+    plan = Plan(strategy="single", machine="g2-standard-4", nodes=1, gpus_per_node=1,
+                micro_batch_size=64, grad_accum_steps=1, global_batch_size=64, precision="fp32",
+                optimizer="adamw", activation_checkpointing=False, steps=112, lr=1.0,
+                optimizer_class="Adadelta")
+    traced = PlanResult(parameters=53_470, source="traced", plans=[plan], chosen=plan,
+                        origins={"optimizer": OWN_OPTIMIZERS[0]})
+    assert origin_words(traced) == "optimizer Adadelta (the script's own optimizer)"
+    assert Plan.from_dict(plan.to_dict()).optimizer_class == "Adadelta"  # plan.json keeps it
+    untraced = PlanResult(parameters=53_470, source="counted", plans=[plan], chosen=plan.replace(
+        optimizer_class=None), origins={"optimizer": OWN_OPTIMIZERS[0]})
+    assert origin_words(untraced) == ("optimizer adamw (the script's own optimizer (the name "
+                                      "is launch's default))")
+    out = io.StringIO()
+    from rich.console import Console
+
+    from launcher.report import _print_chosen
+    _print_chosen(Console(file=out, width=100), traced)
+    assert ", Adadelta (global batch 64)" in out.getvalue()

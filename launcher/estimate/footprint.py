@@ -41,6 +41,9 @@ class Footprint:
     #: weights are fp32 under autocast (the fp32 stream of a RMSNorm model,
     #: ``ModelShape.fp32_stream``): a sharded rank, whose FSDP gathers bf16 weights, has none.
     fp32_weight_bytes_per_sample: int = 0
+    #: Traced footprints of a step that built the script's own optimizer (not launch's): its
+    #: class (``Adadelta``), for the plan to name (``Plan.optimizer_class``).
+    optimizer_class: str | None = None
 
 
 #: How an optimizer's step runs over the parameters: ``foreach`` (multi-tensor kernels over a

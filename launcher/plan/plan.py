@@ -17,6 +17,10 @@ from launcher import strategies
 
 Precision = Literal["fp32", "bf16_mixed", "bf16"]
 Optimizer = Literal["adamw", "sgd", "adafactor", "adam8bit"]
+#: Where an unpinned optimizer comes from when the script builds its own (``Spec.origins``): a
+#: captured script's, a recipe's ``build_optimizer``. A plan names it by the class its traced
+#: step built (``Plan.optimizer_class``); untraced, by launch's default name, said to be that.
+OWN_OPTIMIZERS = ("the script's own optimizer", "the recipe's build_optimizer")
 #: Activation checkpointing of the ``wrap_modules()`` blocks: none; selective (op-level, as
 #: torchtitan does it: each block keeps its matmul and attention outputs, and recomputes the
 #: cheap rest: norms, activations, casts); full (each block keeps its input only and recomputes
@@ -192,6 +196,10 @@ class Plan:
     expandable_segments: bool = False
     # Why this candidate exists, in words ("as asked", "micro-batch 8 -> 4, 2 accumulation steps").
     note: str = ""
+    # The class of the optimizer the traced step built where it is the script's own (a
+    # captured script's Adadelta, a recipe's build_optimizer): what the job runs, where
+    # ``optimizer`` is only launch's name for the plan's default. None: launch's optimizer.
+    optimizer_class: str | None = None
     # none | selective | full. Added after ``activation_checkpointing``, which stays (the JSON
     # contract) and says whether there is any: a plan.json without this field is the boolean's
     # none or full; one with both must agree (``__post_init__``).

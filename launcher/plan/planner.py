@@ -260,6 +260,7 @@ def _evaluate(spec: Spec, fp: Footprint, target: Target, rung: Rung, gpus: int, 
         grad_accum_steps=accum, global_batch_size=spec.global_batch_size,
         precision=fp.precision,  # type: ignore[arg-type]
         optimizer=fp.optimizer,  # type: ignore[arg-type]
+        optimizer_class=fp.optimizer_class,
         activation_checkpointing=rung.checkpointing != "none",
         checkpointing=rung.checkpointing,  # type: ignore[arg-type]
         reshard_after_forward=rung.reshard_after_forward, steps=spec.steps, lr=spec.lr,

@@ -717,6 +717,13 @@ def test_the_plan_prices_the_scripts_own_length(runs: Runs) -> None:
     assert data["origins"]["steps"] == "the script's own: 14 epochs of 10 batches"
 
 
+def test_the_plan_names_the_scripts_own_optimizer_by_its_class(runs: Runs) -> None:
+    """mnist's Adadelta, as its traced step built it: not launch's default name (adamw)."""
+    data = runs.json("mnist")
+    assert data["chosen"]["optimizer_class"] == "Adadelta"
+    assert data["origins"]["optimizer"] == "the script's own optimizer"
+
+
 def test_a_script_hard_coded_for_cuda_is_traced_on_a_machine_without_one(runs: Runs) -> None:
     """``.to("cuda")``, ``device="cuda"``, ``torch.device("cuda:0")``, ``pin_memory()``,
     ``torch.cuda.synchronize()``, ``autocast("cuda")``, ``GradScaler("cuda")``, ``fused=True``:
