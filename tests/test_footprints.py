@@ -10,6 +10,7 @@ import os
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "estimate"))
 from _recipes import GPT  # noqa: E402
@@ -118,34 +119,34 @@ def test_ranks_noted_ahead_are_traced_in_one_request_and_answer_as_if_asked(
     assert budget.left == spent and not ahead.done  # answered from the flush, taken in
 
 
-def test_ranks_noted_ahead_with_no_time_left_keep_the_scaled_estimate(tmp_path: Path) -> None:
+def _noted_and_flushed(recipe: Path, seconds: float) -> tuple[Any, Any]:
+    """One FSDP rank of ``recipe`` noted ahead (answered None meanwhile), then flushed with
+    ``seconds`` of budget: the footprint's ``rank_memory_at`` and the budget."""
     from launcher.footprints import Ahead, Budget
 
-    recipe = tmp_path / "gpt.py"
-    recipe.write_text(textwrap.dedent(GPT))
-    budget, ahead = Budget(1.0), Ahead()
-    plain = rank_traces(recipe, dict(OPTIONS), budget, ahead)
-    ahead.collecting = True
-    assert plain("fsdp", 1, 2, 2, 1) is None
-    ahead.collecting = False
-    ahead.flush(budget)
-    assert budget.skipped == 1 and "LAUNCH_RANK_TRACE_BUDGET" in (budget.note() or "")
-    assert plain("fsdp", 1, 2, 2, 1) is None  # tried: the scaled figure stands
-
-
-def test_a_rank_noted_ahead_that_cannot_be_traced_leaves_the_scaled_estimate(
-        tmp_path: Path) -> None:
-    from launcher.footprints import Ahead, Budget
-
-    recipe = tmp_path / "broken.py"
-    recipe.write_text("def build_model(): raise ValueError('no')\n"
-                      "def example_batch(b): ...\ndef training_step(m, b): ...\n")
-    budget, ahead = Budget(1000.0), Ahead()
+    budget, ahead = Budget(seconds), Ahead()
     rank_memory_at = rank_traces(recipe, dict(OPTIONS), budget, ahead)
     ahead.collecting = True
     assert rank_memory_at("fsdp", 1, 2, 2, 1) is None
     ahead.collecting = False
     ahead.flush(budget)
+    return rank_memory_at, budget
+
+
+def test_ranks_noted_ahead_with_no_time_left_keep_the_scaled_estimate(tmp_path: Path) -> None:
+    recipe = tmp_path / "gpt.py"
+    recipe.write_text(textwrap.dedent(GPT))
+    rank_memory_at, budget = _noted_and_flushed(recipe, 1.0)
+    assert budget.skipped == 1 and "LAUNCH_RANK_TRACE_BUDGET" in (budget.note() or "")
+    assert rank_memory_at("fsdp", 1, 2, 2, 1) is None  # tried: the scaled figure stands
+
+
+def test_a_rank_noted_ahead_that_cannot_be_traced_leaves_the_scaled_estimate(
+        tmp_path: Path) -> None:
+    recipe = tmp_path / "broken.py"
+    recipe.write_text("def build_model(): raise ValueError('no')\n"
+                      "def example_batch(b): ...\ndef training_step(m, b): ...\n")
+    rank_memory_at, budget = _noted_and_flushed(recipe, 1000.0)
     left = budget.left
     assert left < 1000.0 and budget.skipped == 0  # tried, in the flush
     assert rank_memory_at("fsdp", 1, 2, 2, 1) is None
