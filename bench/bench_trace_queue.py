@@ -27,7 +27,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from forked import in_fork  # noqa: E402
+from forked import in_fork, untimed  # noqa: E402
 from models_zoo import llama_7b_config, write_recipe  # noqa: E402
 
 
@@ -75,13 +75,8 @@ def main() -> None:
             else:  # a round per configuration, as before
                 found = [_trace_protocol.answer_all([r], _trace_run.run)[0] for r in ranks]
             wall = time.perf_counter() - started
-            answers = json.loads(_trace_protocol.encode(found))
-            for item in answers:
-                for part in item["depths"]:
-                    for key in ("wall_s", "host_peak_rss_bytes", "timings"):
-                        part.pop(key, None)
-                    for depth in (part.get("by_depth") or {}).values():
-                        depth.pop("timings", None)
+            answers = [[untimed(part) for part in item["depths"]]
+                       for item in json.loads(_trace_protocol.encode(found))]
             return json.dumps({"wall": wall, "answer": json.dumps(answers, sort_keys=True)}
                               ).encode()
         return run

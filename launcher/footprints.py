@@ -127,8 +127,8 @@ class Ahead:
     each with a core idle while the shallower depth waits for the deeper). So ``preflight``
     first runs the planner on the sharded estimates alone (``collecting``: every rank the
     planner asks for is noted and answered None, as a rank without a trace is), then traces
-    what it noted in one request (``flush``: two workers at a time, each next one started as
-    one ends), and then plans for real. The real run finds those traces done; a rank the
+    what it noted, ``CHUNK`` ranks to a request (``flush``: two workers at a time, each next one
+    started as one ends), and then plans for real. The real run finds those traces done; a rank the
     sharded estimates did not lead to (a rank's answer changed the path) is traced when asked,
     as before. What the first run noted and the real one never read is the price: a rank whose
     sharded estimate overflowed and whose trace fits."""
@@ -150,10 +150,11 @@ class Ahead:
         from launcher.estimate.traced import TraceError, TraceTimeout, trace_recipe_configs
 
         wishes, self.wishes = self.wishes, {}
-        keys = list(wishes)
-        chunks = [[k for k in keys if k[0] == recipe][i:i + self.CHUNK]
-                  for recipe in dict.fromkeys(k[0] for k in keys)
-                  for i in range(0, sum(k[0] == recipe for k in keys), self.CHUNK)]
+        by_recipe: dict[str, list[tuple[str, str, tuple[Any, ...]]]] = {}
+        for k in wishes:
+            by_recipe.setdefault(k[0], []).append(k)
+        chunks = [keys[i:i + self.CHUNK] for keys in by_recipe.values()
+                  for i in range(0, len(keys), self.CHUNK)]
         for chunk in chunks:
             configs = [dict(wishes[k]) for k in chunk]
             timeout = sum(c.pop("timeout_s") for c in configs)  # each trace's own limit
@@ -207,16 +208,20 @@ def rank_traces(recipe: Path, options: dict[str, Any], budget: Budget | None = N
         if ahead is not None:  # what a flush traced for this footprint, taken in
             for k in [k for k in ahead.done if k[:2] == mine]:
                 traces.setdefault(k[2], ahead.done.pop(k))
-        key = next((k for k in traces if k[:5] == rank and micro in k[5]), (*rank, sizes))
+        key = _covering(traces, rank, micro) or (*rank, sizes)
+
+        def request(key: Key) -> dict[str, Any]:
+            """``trace_recipe``'s arguments for the rank traced as ``key``."""
+            return {**options, "grad_accum_steps": 2 if accum > 1 else 1,
+                    "micro_batch_sizes": key[5], "verify_sizes": (),
+                    "strategy": {"name": strategy, "world_size": world, "replicas": replicas,
+                                 "reshard_after_forward": reshard_after_forward}}
+
         if ahead is not None and ahead.collecting:
             if key not in traces:
-                noted = next((k[2] for k in ahead.wishes if k[:2] == mine
-                              and k[2][:5] == rank and micro in k[2][5]), key)
-                ahead.wishes.setdefault((*mine, noted), {
-                    **options, "grad_accum_steps": 2 if accum > 1 else 1,
-                    "micro_batch_sizes": noted[5], "verify_sizes": (),
-                    "strategy": {"name": strategy, "world_size": world, "replicas": replicas,
-                                 "reshard_after_forward": reshard_after_forward}})
+                noted = _covering({k[2]: None for k in ahead.wishes if k[:2] == mine}, rank,
+                                 micro) or key
+                ahead.wishes.setdefault((*mine, noted), request(noted))
                 return None  # as a rank without a trace: the scaled figure stands
 
         def trace(**whole: bool) -> None:
@@ -229,12 +234,8 @@ def rank_traces(recipe: Path, options: dict[str, Any], budget: Budget | None = N
                 timeout = min(timeout, budget.left)
             started = time.monotonic()
             try:
-                traces[key] = trace_recipe(
-                    recipe, **{**options, "grad_accum_steps": 2 if accum > 1 else 1,
-                               "micro_batch_sizes": key[5], "verify_sizes": (),
-                               "timeout_s": timeout, **whole},
-                    strategy={"name": strategy, "world_size": world, "replicas": replicas,
-                              "reshard_after_forward": reshard_after_forward})
+                traces[key] = trace_recipe(recipe, **{**request(key), "timeout_s": timeout,
+                                                      **whole})
             except TraceError:  # TraceTimeout included
                 traces.setdefault(key, None)
             if budget is not None:
@@ -254,6 +255,12 @@ def rank_traces(recipe: Path, options: dict[str, Any], budget: Budget | None = N
         return None if found is None else found.memory_at(micro, accum)
 
     return rank_memory_at
+
+
+def _covering(keys: Any, rank: tuple[Any, ...], micro: int) -> Any:
+    """The first of ``keys`` (rank keys: the rank, then the micro-batches traced) for ``rank``
+    whose sizes hold ``micro``, or None: a trace at 1 and 2 answers a question at 1."""
+    return next((k for k in keys if k[:5] == rank and micro in k[5]), None)
 
 
 def _stacked(options: dict[str, Any], trace: Any) -> bool:
